@@ -1,0 +1,69 @@
+"""Binary codes as little-endian uint64 words.
+
+Bit ``i`` of a ``B``-bit code is bit ``i % 64`` of word ``i // 64``; a code takes
+``W = ceil(B / 64)`` words and the unused high bits of the last word are zero.
+"""
+
+import numpy as np
+
+from hashdist.errors import InputError
+
+
+def n_words(nbits: int) -> int:
+    """Number of uint64 words that hold an ``nbits``-bit code."""
+    return (nbits + 63) // 64
+
+
+def pack_bits(bits: np.ndarray) -> np.ndarray:
+    """Pack an (n, B) array whose entries are 1 for a set bit into (n, W) uint64 words.
+
+    Any entry other than 1 counts as a cleared bit, so {0,1}, {-1,+1} and bool
+    arrays all pack the same way; validate values first with :func:`check_code_values`.
+    """
+    n, nbits = bits.shape
+    padded = np.zeros((n, n_words(nbits) * 64), dtype=np.uint8)
+    padded[:, :nbits] = bits == 1
+    packed = np.packbits(padded, axis=1, bitorder="little")
+    return np.ascontiguousarray(packed).view("<u8").astype(np.uint64, copy=False)
+
+
+def unpack_bits(words: np.ndarray, nbits: int) -> np.ndarray:
+    """Inverse of :func:`pack_bits`: (n, W) uint64 words to an (n, B) uint8 array of 0/1."""
+    as_bytes = np.ascontiguousarray(words, dtype="<u8").view(np.uint8)
+    return np.unpackbits(as_bytes, axis=1, bitorder="little")[:, :nbits]
+
+
+def numpy_packed_to_words(packed: np.ndarray, nbits: int) -> np.ndarray:
+    """Convert numpy ``packbits`` rows (big bit order, (n, ceil(B/8)) uint8) to words."""
+    bits = np.unpackbits(np.asarray(packed, dtype=np.uint8), axis=1, count=nbits)
+    return pack_bits(bits)
+
+
+def code_values(bits: np.ndarray, what: str) -> set:
+    """The distinct values of a block of codes; raise InputError for NaN or values outside {-1, 0, 1}.
+
+    Validate the union over all blocks with :func:`check_code_convention`.
+    """
+    if bits.dtype == np.bool_:
+        return {int(v) for v in np.unique(bits)}
+    if bits.dtype.kind not in "biuf":
+        raise InputError(f"{what}: codes must be numeric or bool, got dtype {bits.dtype}")
+    values = np.unique(bits)
+    if bits.dtype.kind == "f" and np.isnan(values).any():
+        raise InputError(f"{what}: codes contain NaN")
+    found = set(values.tolist())
+    if not found <= {-1, 0, 1}:
+        shown = ", ".join(str(v) for v in sorted(found - {-1, 0, 1})[:3])
+        raise InputError(f"{what}: code values must be in {{0,1}} or {{-1,+1}}, found {shown}")
+    return {int(v) for v in found}
+
+
+def check_code_convention(values: set, what: str) -> None:
+    """Raise InputError unless the values are all in {0, 1} or all in {-1, +1}."""
+    if not (values <= {0, 1} or values <= {-1, 1}):
+        raise InputError(f"{what}: codes mix the {{0,1}} and {{-1,+1}} conventions (found -1, 0 and 1)")
+
+
+def pack_labels(multi_hot: np.ndarray) -> np.ndarray:
+    """Pack an (n, L) 0/1 multi-hot label matrix into (n, ceil(L/64)) uint64 words."""
+    return pack_bits(multi_hot)

@@ -1,0 +1,412 @@
+"""A hashdist dataset: one Zarr v3 group holding codes and relevance data.
+
+Layout (rows are database items or queries)::
+
+    database/codes      (N, W) uint64   bit i of a code = bit i%64 of word i//64
+    queries/codes       (Q, W) uint64
+    database/labels     (N,) int64 class labels, or (N, LW) uint64 packed multi-hot
+    queries/labels      (Q,) or (Q, LW), like database/labels
+    queries/relevant/   explicit ground truth as CSR: indptr (Q+1,), indices (nnz,)
+                        sorted per query, optional grades (nnz,)
+
+Group attributes: ``format`` ("hashdist-dataset"), ``format_version``, ``nbits``,
+``relevance`` (the kinds the data supports, default first), ``n_labels`` for
+multi-label data and ``fingerprints``: for every array, the SHA-256 of each row
+chunk and of the whole, computed at write time. Blocks of work are keyed on the
+chunk fingerprints, so caches survive renames and appends.
+
+Every array is chunked along rows, compressed with zstd and checksummed with
+CRC32C, so a corrupted chunk is detected when it is read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import zarr
+from zarr.codecs import Crc32cCodec, ZstdCodec
+
+from hashdist.bits import n_words
+from hashdist.errors import InputError
+
+FORMAT = "hashdist-dataset"
+FORMAT_VERSION = 1
+DEFAULT_CHUNK_ROWS = 65536
+DEFAULT_QUERY_CHUNK_ROWS = 1024
+CSR_CHUNK = 1 << 20
+MAX_NBITS = 4096
+RELEVANCE_KINDS = ("class", "multilabel", "explicit")
+
+CODES = ("database/codes", "queries/codes")
+LABELS = ("database/labels", "queries/labels")
+CSR = ("queries/relevant/indptr", "queries/relevant/indices", "queries/relevant/grades")
+
+
+def _compressors():
+    return (ZstdCodec(level=3), Crc32cCodec())
+
+
+def _is_local(url: str) -> bool:
+    return "://" not in str(url) or str(url).startswith("file://")
+
+
+def _local_path(url: str) -> Path:
+    return Path(str(url).removeprefix("file://"))
+
+
+def chunk_digest(block: np.ndarray) -> str:
+    """SHA-256 of one chunk's rows, including dtype and shape."""
+    block = np.ascontiguousarray(block)
+    h = hashlib.sha256(f"{block.dtype.str}{block.shape}".encode())
+    h.update(block.tobytes())
+    return h.hexdigest()
+
+
+def combine_digests(parts) -> str:
+    h = hashlib.sha256()
+    for p in parts:
+        h.update(str(p).encode())
+        h.update(b"\n")
+    return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class ArrayFingerprint:
+    chunk_rows: int
+    chunks: tuple[str, ...]
+    rows: int
+
+    @property
+    def digest(self) -> str:
+        return combine_digests((self.rows, self.chunk_rows, *self.chunks))
+
+    def rows_digest(self, start: int, stop: int) -> str:
+        """Fingerprint of rows [start, stop), which must be chunk aligned (stop may be the end)."""
+        first, last = start // self.chunk_rows, -(-stop // self.chunk_rows)
+        return combine_digests((start, stop, *self.chunks[first:last]))
+
+    def to_json(self) -> dict:
+        return {"chunk_rows": self.chunk_rows, "rows": self.rows, "chunks": list(self.chunks), "sha256": self.digest}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "ArrayFingerprint":
+        return cls(int(d["chunk_rows"]), tuple(d["chunks"]), int(d["rows"]))
+
+
+class Dataset:
+    """Read access to a hashdist dataset. Open with :func:`open_dataset`."""
+
+    def __init__(self, url: str, group: zarr.Group):
+        self.url = str(url)
+        self.group = group
+        attrs = dict(group.attrs)
+        self.nbits = int(attrs["nbits"])
+        self.relevance_kinds = tuple(attrs["relevance"])
+        self.n_labels = int(attrs.get("n_labels", 0))
+        self.fingerprints = {k: ArrayFingerprint.from_json(v) for k, v in attrs["fingerprints"].items()}
+        self._arrays: dict[str, zarr.Array] = {}
+
+    # -- structure -------------------------------------------------------
+    @property
+    def n_words(self) -> int:
+        return n_words(self.nbits)
+
+    @property
+    def n_database(self) -> int:
+        return self.fingerprints["database/codes"].rows
+
+    @property
+    def n_queries(self) -> int:
+        return self.fingerprints["queries/codes"].rows
+
+    @property
+    def default_relevance(self) -> str:
+        return self.relevance_kinds[0]
+
+    @property
+    def fingerprint(self) -> str:
+        """One digest over every array's fingerprint and the format attributes."""
+        parts = [FORMAT_VERSION, self.nbits, *self.relevance_kinds, self.n_labels]
+        parts += [f"{k}={v.digest}" for k, v in sorted(self.fingerprints.items())]
+        return combine_digests(parts)
+
+    def has(self, name: str) -> bool:
+        return name in self.fingerprints
+
+    def chunk_rows(self, part: str) -> int:
+        return self.fingerprints[f"{part}/codes"].chunk_rows
+
+    def array(self, name: str) -> zarr.Array:
+        if name not in self._arrays:
+            try:
+                self._arrays[name] = self.group[name]
+            except KeyError:
+                raise InputError(f"{self.url}: dataset has no array {name!r}") from None
+        return self._arrays[name]
+
+    def read(self, name: str, start: int, stop: int) -> np.ndarray:
+        """Rows [start, stop) of an array; a corrupted chunk raises InputError naming it."""
+        try:
+            return np.asarray(self.array(name)[start:stop])
+        except InputError:
+            raise
+        except Exception as exc:  # zarr raises codec errors of several types
+            chunk = start // self.array(name).chunks[0]
+            raise InputError(
+                f"{self.url}: cannot read {name} rows {start}..{stop} (chunk {chunk}): {type(exc).__name__}: {exc}"
+            ) from None
+
+    def codes(self, part: str, start: int, stop: int) -> np.ndarray:
+        return self.read(f"{part}/codes", start, stop)
+
+    def labels(self, part: str, start: int, stop: int) -> np.ndarray:
+        return self.read(f"{part}/labels", start, stop)
+
+    def relevant(self, q0: int, q1: int):
+        """Explicit ground truth of queries [q0, q1) as (indptr starting at 0, indices, grades)."""
+        indptr = self.read("queries/relevant/indptr", q0, q1 + 1).astype(np.int64)
+        indices = self.read("queries/relevant/indices", int(indptr[0]), int(indptr[-1])).astype(np.int64)
+        if self.has("queries/relevant/grades"):
+            grades = self.read("queries/relevant/grades", int(indptr[0]), int(indptr[-1])).astype(np.int64)
+        else:
+            grades = np.ones(len(indices), dtype=np.int64)
+        return indptr - indptr[0], indices, grades
+
+    def relevant_digest(self, q0: int, q1: int) -> str:
+        """Content digest of the explicit ground truth of queries [q0, q1)."""
+        indptr, indices, grades = self.relevant(q0, q1)
+        return combine_digests((chunk_digest(indptr), chunk_digest(indices), chunk_digest(grades)))
+
+    def attrs(self) -> dict:
+        return dict(self.group.attrs)
+
+
+def open_dataset(url) -> Dataset:
+    """Open and validate a dataset; raise InputError if it is missing or not a hashdist dataset."""
+    url = str(url)
+    if _is_local(url) and not _local_path(url).exists():
+        raise InputError(f"{url}: no such dataset (path does not exist)")
+    try:
+        group = zarr.open_group(store=url, mode="r")
+    except Exception:
+        raise InputError(f"{url}: not a Zarr dataset") from None
+    attrs = dict(group.attrs)
+    if attrs.get("format") != FORMAT:
+        raise InputError(f"{url}: not a hashdist dataset (missing format attribute)")
+    if attrs.get("format_version") != FORMAT_VERSION:
+        raise InputError(
+            f"{url}: dataset format version {attrs.get('format_version')} is not supported (expected {FORMAT_VERSION})"
+        )
+    ds = Dataset(url, group)
+    validate_structure(ds)
+    return ds
+
+
+def validate_structure(ds: Dataset) -> None:
+    """Check that arrays exist and agree with the recorded attributes (cheap: metadata only)."""
+    if not 1 <= ds.nbits <= MAX_NBITS:
+        raise InputError(f"{ds.url}: nbits={ds.nbits} is outside 1..{MAX_NBITS}")
+    for name, fp in ds.fingerprints.items():
+        arr = ds.array(name)
+        if arr.shape[0] != fp.rows:
+            raise InputError(
+                f"{ds.url}: {name} has {arr.shape[0]} rows but its fingerprint records {fp.rows} "
+                "(interrupted write?)"
+            )
+    for part in ("database", "queries"):
+        arr = ds.array(f"{part}/codes")
+        if arr.ndim != 2 or arr.shape[1] != ds.n_words or arr.dtype != np.uint64:
+            raise InputError(
+                f"{ds.url}: {part}/codes has shape {arr.shape} {arr.dtype}; nbits={ds.nbits} needs "
+                f"(rows, {ds.n_words}) uint64"
+            )
+        if arr.shape[0] == 0:
+            raise InputError(f"{ds.url}: {part}/codes is empty")
+        if ds.has(f"{part}/labels") and ds.array(f"{part}/labels").shape[0] != arr.shape[0]:
+            raise InputError(
+                f"{ds.url}: {part}/labels has {ds.array(f'{part}/labels').shape[0]} rows but {part}/codes "
+                f"has {arr.shape[0]}"
+            )
+    if ds.has("queries/relevant/indptr") and ds.array("queries/relevant/indptr").shape[0] != ds.n_queries + 1:
+        raise InputError(f"{ds.url}: queries/relevant/indptr must have n_queries + 1 entries")
+
+
+# -- writing ----------------------------------------------------------------
+
+
+class _ArrayWriter:
+    """Appends rows to one chunked array, hashing each chunk as it is completed."""
+
+    def __init__(self, array: zarr.Array, chunk_rows: int, chunks=(), rows: int = 0):
+        self.array = array
+        self.chunk_rows = chunk_rows
+        self.digests = list(chunks)
+        self.rows = rows
+        full = rows // chunk_rows
+        self.digests = self.digests[:full]
+        tail = self.array[full * chunk_rows : rows] if rows % chunk_rows else None
+        self.pending = [np.asarray(tail)] if tail is not None else []
+        self.pending_rows = rows - full * chunk_rows
+        self.flushed_rows = full * chunk_rows
+
+    def append(self, block: np.ndarray) -> None:
+        block = np.asarray(block, dtype=self.array.dtype)
+        if block.shape[0] == 0:
+            return
+        new_rows = self.rows + block.shape[0]
+        if new_rows > self.array.shape[0]:
+            self.array.resize((new_rows, *self.array.shape[1:]))
+        self.rows = new_rows
+        self.pending.append(block)
+        self.pending_rows += block.shape[0]
+        while self.pending_rows >= self.chunk_rows:
+            self._flush(self.chunk_rows)
+
+    def _flush(self, nrows: int) -> None:
+        joined = np.concatenate(self.pending) if len(self.pending) > 1 else self.pending[0]
+        chunk, rest = joined[:nrows], joined[nrows:]
+        self.array[self.flushed_rows : self.flushed_rows + nrows] = chunk
+        self.digests.append(chunk_digest(chunk))
+        self.flushed_rows += nrows
+        self.pending = [rest] if len(rest) else []
+        self.pending_rows -= nrows
+
+    def close(self) -> ArrayFingerprint:
+        if self.pending_rows:
+            self._flush(self.pending_rows)
+        return ArrayFingerprint(self.chunk_rows, tuple(self.digests), self.rows)
+
+
+class DatasetWriter:
+    """Writes a dataset chunk by chunk into a temporary sibling and renames it into place on close.
+
+    Use as a context manager; if the body raises, nothing is left behind.
+    """
+
+    def __init__(
+        self,
+        url,
+        *,
+        nbits: int,
+        relevance: tuple[str, ...],
+        n_labels: int = 0,
+        chunk_rows: int = DEFAULT_CHUNK_ROWS,
+        query_chunk_rows: int = DEFAULT_QUERY_CHUNK_ROWS,
+        overwrite: bool = False,
+        extra_attrs: dict | None = None,
+    ):
+        if not 1 <= nbits <= MAX_NBITS:
+            raise InputError(f"--nbits {nbits} is outside 1..{MAX_NBITS}")
+        self.url = str(url)
+        self.nbits = nbits
+        self.relevance = tuple(relevance)
+        self.n_labels = n_labels
+        self.chunk_rows = {"database": chunk_rows, "queries": query_chunk_rows}
+        self.extra_attrs = dict(extra_attrs or {})
+        if _is_local(self.url):
+            final = _local_path(self.url)
+            if final.exists() and not overwrite:
+                raise InputError(f"{self.url}: output exists (pass --overwrite to replace it)")
+            final.parent.mkdir(parents=True, exist_ok=True)
+            self._final = final
+            self._tmp = final.with_name(f".{final.name}.tmp-{uuid.uuid4().hex[:8]}")
+            store = str(self._tmp)
+        else:
+            self._final = self._tmp = None
+            store = self.url
+        self.group = zarr.open_group(store=store, mode="w")
+        self.writers: dict[str, _ArrayWriter] = {}
+        self.fingerprints: dict[str, ArrayFingerprint] = {}
+
+    def _writer(self, name: str, width: int | None, dtype, chunk_rows: int) -> _ArrayWriter:
+        if name not in self.writers:
+            shape = (0,) if width is None else (0, width)
+            chunks = (chunk_rows,) if width is None else (chunk_rows, width)
+            arr = self.group.create_array(
+                name, shape=shape, chunks=chunks, dtype=dtype, compressors=_compressors(), fill_value=0
+            )
+            self.writers[name] = _ArrayWriter(arr, chunk_rows)
+        return self.writers[name]
+
+    def add_codes(self, part: str, words: np.ndarray) -> None:
+        self._writer(f"{part}/codes", n_words(self.nbits), np.uint64, self.chunk_rows[part]).append(words)
+
+    def add_labels(self, part: str, labels: np.ndarray) -> None:
+        width = None if labels.ndim == 1 else labels.shape[1]
+        dtype = np.int64 if labels.ndim == 1 else np.uint64
+        self._writer(f"{part}/labels", width, dtype, self.chunk_rows[part]).append(labels)
+
+    def add_relevant(self, indptr: np.ndarray, indices: np.ndarray, grades: np.ndarray | None) -> None:
+        """Explicit ground truth as CSR over all queries (written whole; sizes are modest)."""
+        self._writer(CSR[0], None, np.int64, self.chunk_rows["queries"]).append(indptr)
+        self._writer(CSR[1], None, np.int64, CSR_CHUNK).append(indices)
+        if grades is not None:
+            self._writer(CSR[2], None, np.int64, CSR_CHUNK).append(grades)
+
+    def close(self) -> str:
+        for name, w in self.writers.items():
+            self.fingerprints[name] = w.close()
+        attrs = {
+            "format": FORMAT,
+            "format_version": FORMAT_VERSION,
+            "nbits": self.nbits,
+            "relevance": list(self.relevance),
+            "n_labels": self.n_labels,
+            "fingerprints": {k: v.to_json() for k, v in sorted(self.fingerprints.items())},
+            **self.extra_attrs,
+        }
+        self.group.attrs.update(attrs)
+        if self._tmp is not None:
+            if self._final.exists():
+                old = self._final.with_name(f".{self._final.name}.old-{uuid.uuid4().hex[:8]}")
+                os.rename(self._final, old)
+                os.rename(self._tmp, self._final)
+                shutil.rmtree(old)
+            else:
+                os.rename(self._tmp, self._final)
+        return self.url
+
+    def abort(self) -> None:
+        if self._tmp is not None and self._tmp.exists():
+            shutil.rmtree(self._tmp)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+        return False
+
+
+def append_database_rows(url, words: np.ndarray, labels: np.ndarray | None) -> Dataset:
+    """Append database rows (and their labels) to an existing local dataset, updating fingerprints.
+
+    Rows are written first and the fingerprints last, so an interrupted append is
+    detected on the next open (row counts disagree with the recorded fingerprints).
+    """
+    ds = open_dataset(url)
+    if ds.has("queries/relevant/indptr"):
+        raise InputError(f"{url}: cannot append database rows to a dataset with explicit ground truth")
+    if words.shape[1] != ds.n_words:
+        raise InputError(f"{url}: appended codes have {words.shape[1]} words per code, dataset has {ds.n_words}")
+    group = zarr.open_group(store=ds.url, mode="r+")
+    names = ["database/codes"] + (["database/labels"] if ds.has("database/labels") else [])
+    if ds.has("database/labels") != (labels is not None):
+        raise InputError(f"{url}: appended rows must have labels exactly when the dataset does")
+    fingerprints = dict(group.attrs["fingerprints"])
+    for name, block in zip(names, (words, labels)):
+        fp = ds.fingerprints[name]
+        w = _ArrayWriter(group[name], fp.chunk_rows, fp.chunks, fp.rows)
+        w.append(block)
+        fingerprints[name] = w.close().to_json()
+    group.attrs["fingerprints"] = fingerprints
+    return open_dataset(url)

@@ -1,0 +1,150 @@
+"""Distinct database codes with their counts, and mLGAP's ``M_k`` from them.
+
+``M_k`` for a query is the largest number of database items sharing one code among
+the codes within Hamming distance k of the query. Code counts are a mergeable
+state (sum per code across chunks); ``M_k`` is then found per query either by
+enumerating the Hamming ball and looking each code up in a hash table, or by
+scanning the distinct codes, whichever is cheaper.
+"""
+
+from __future__ import annotations
+
+from math import comb
+
+import numpy as np
+from numba import njit
+
+from hashdist.kernels.popcount import hamming
+
+
+def code_counts(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct code rows (sorted lexicographically by word) and how many rows have each."""
+    codes = np.ascontiguousarray(codes, dtype=np.uint64)
+    if codes.shape[0] == 0:
+        return codes.reshape(0, codes.shape[1]), np.zeros(0, dtype=np.int64)
+    if codes.shape[1] == 1:
+        unique, counts = np.unique(codes[:, 0], return_counts=True)
+        return unique.reshape(-1, 1), counts.astype(np.int64)
+    unique, counts = np.unique(codes, axis=0, return_counts=True)
+    return np.ascontiguousarray(unique), counts.astype(np.int64)
+
+
+def merge_code_counts(parts) -> tuple[np.ndarray, np.ndarray]:
+    """Sum code counts from several chunks (exact, order-independent result)."""
+    parts = list(parts)
+    codes = np.concatenate([p[0] for p in parts])
+    counts = np.concatenate([p[1] for p in parts])
+    if codes.shape[1] == 1:
+        unique, inverse = np.unique(codes[:, 0], return_inverse=True)
+        unique = unique.reshape(-1, 1)
+    else:
+        unique, inverse = np.unique(codes, axis=0, return_inverse=True)
+    total = np.zeros(len(unique), dtype=np.int64)
+    np.add.at(total, inverse.reshape(-1), counts)
+    return np.ascontiguousarray(unique), total
+
+
+def ball_size(nbits: int, radius: int) -> int:
+    """V_k: number of codes within Hamming distance ``radius`` (occupied or not)."""
+    return sum(comb(nbits, i) for i in range(radius + 1))
+
+
+# -- hash table over code rows (open addressing, linear probing) ---------------
+
+
+@njit(nogil=True, inline="always")
+def _mix(codes_row):
+    h = np.uint64(0x9E3779B97F4A7C15)
+    for w in range(codes_row.shape[0]):
+        x = codes_row[w] ^ h
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        h = x ^ (x >> np.uint64(31))
+    return h
+
+
+@njit(nogil=True)
+def _build_table(codes, capacity):
+    slots = np.full(capacity, -1, dtype=np.int64)
+    mask = np.uint64(capacity - 1)
+    for i in range(codes.shape[0]):
+        s = _mix(codes[i]) & mask
+        while slots[s] >= 0:
+            s = (s + np.uint64(1)) & mask
+        slots[s] = i
+    return slots
+
+
+@njit(nogil=True, inline="always")
+def _lookup(slots, codes, key):
+    mask = np.uint64(slots.shape[0] - 1)
+    s = _mix(key) & mask
+    while slots[s] >= 0:
+        i = slots[s]
+        same = True
+        for w in range(key.shape[0]):
+            if codes[i, w] != key[w]:
+                same = False
+                break
+        if same:
+            return i
+        s = (s + np.uint64(1)) & mask
+    return -1
+
+
+@njit(nogil=True)
+def _max_count_by_ball(queries, codes, counts, slots, nbits, radius, out):
+    """out[q, k] = largest count at distance exactly k, by flipping every k-subset of bits."""
+    key = np.empty(queries.shape[1], dtype=np.uint64)
+    pos = np.empty(max(radius, 1), dtype=np.int64)
+    for q in range(queries.shape[0]):
+        for k in range(radius + 1):
+            # iterate over all k-subsets pos[0] < ... < pos[k-1] of range(nbits)
+            for i in range(k):
+                pos[i] = i
+            while True:
+                key[:] = queries[q]
+                for i in range(k):
+                    key[pos[i] >> 6] ^= np.uint64(1) << np.uint64(pos[i] & 63)
+                found = _lookup(slots, codes, key)
+                if found >= 0 and counts[found] > out[q, k]:
+                    out[q, k] = counts[found]
+                # next subset
+                i = k - 1
+                while i >= 0 and pos[i] == nbits - k + i:
+                    i -= 1
+                if i < 0:
+                    break
+                pos[i] += 1
+                for m in range(i + 1, k):
+                    pos[m] = pos[m - 1] + 1
+
+
+@njit(nogil=True)
+def _max_count_by_scan(queries, codes, counts, radius, out):
+    for q in range(queries.shape[0]):
+        for u in range(codes.shape[0]):
+            d = hamming(queries[q], codes[u])
+            if d <= radius and counts[u] > out[q, d]:
+                out[q, d] = counts[u]
+
+
+def max_bucket_within(
+    queries: np.ndarray, codes: np.ndarray, counts: np.ndarray, nbits: int, radius: int
+) -> np.ndarray:
+    """M_k for k = 0..radius: (Q, radius + 1) int64, 0 where the ball holds no database item."""
+    queries = np.ascontiguousarray(queries, dtype=np.uint64)
+    codes = np.ascontiguousarray(codes, dtype=np.uint64)
+    counts = np.ascontiguousarray(counts, dtype=np.int64)
+    radius = min(radius, nbits)
+    exact = np.zeros((queries.shape[0], radius + 1), dtype=np.int64)
+    if len(codes):
+        # enumerate: hashing and probing each ball code costs a few word operations;
+        # scan: one Hamming distance per distinct code
+        if 4 * ball_size(nbits, radius) < len(codes):
+            capacity = 1 << int(2 * len(codes) - 1).bit_length()
+            slots = _build_table(codes, capacity)
+            _max_count_by_ball(queries, codes, counts, slots, nbits, radius, exact)
+        else:
+            _max_count_by_scan(queries, codes, counts, radius, exact)
+    return np.maximum.accumulate(exact, axis=1)

@@ -1,0 +1,161 @@
+"""The main job: a Prefect 3 flow that evaluates a dataset on a Dask cluster.
+
+Thin orchestration over ``hashdist.engine``: one task per histogram block and per
+database code-count block (each reads its own Zarr rows on the worker and returns
+only its partial histogram or code counts), an exact integer sum per query block
+as results arrive, then one metrics task per query block. Block results are
+cached by content in a ``BlockCache`` directory (shared storage on a cluster).
+
+Run it through ``hashdist evaluate`` or :func:`run_evaluation`; deploy the flow
+``evaluate`` itself (see deploy/prefect.yaml).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+from prefect import flow, task
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.cache_policies import NO_CACHE
+from prefect.futures import as_completed
+from prefect_dask import DaskTaskRunner
+
+from hashdist.api import Evaluation, build_report, prepare, resolve_cache
+from hashdist.engine import cached_code_counts, cached_histogram, finish, query_block_metrics
+from hashdist.kernels.codecounts import merge_code_counts
+
+# Results travel through Dask, never through Prefect's result storage: no caching,
+# no persistence. Retries cover transient worker faults.
+_TASK_OPTIONS = dict(cache_policy=NO_CACHE, persist_result=False, retries=2, retry_delay_seconds=1)
+
+
+@task(name="histogram-block", **_TASK_OPTIONS)
+def histogram_task(plan, block, cache_dir):
+    return cached_histogram(plan, block, resolve_cache(cache_dir))
+
+
+@task(name="code-counts", **_TASK_OPTIONS)
+def code_counts_task(plan, block, cache_dir):
+    return cached_code_counts(plan, block, resolve_cache(cache_dir))
+
+
+@task(name="query-block-metrics", **_TASK_OPTIONS)
+def metrics_task(plan, q0, q1, H, codes, counts, params):
+    return query_block_metrics(plan, q0, q1, H, codes, counts, params)
+
+
+def _progress_bar(total: int, enabled: bool):
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="block", file=sys.stderr, disable=not enabled, dynamic_ncols=True)
+
+
+def _publish_artifacts(report: dict) -> None:
+    m = report["metrics"]
+    rows = [{"metric": "mAP", **m["map"]}]
+    for k in m["precision_at_k"]:
+        rows.append({"metric": f"mAP@{k} (retrieved)", **m["map_at_k"][k]["retrieved"]})
+        rows.append({"metric": f"P@{k}", **m["precision_at_k"][k]})
+        rows.append({"metric": f"NDCG@{k}", **m["ndcg_at_k"][k]})
+    rows.append({"metric": "AUC", "expected": m["auc"], "best": m["auc"], "worst": m["auc"]})
+    for r in m["mlgap_at_radius"]:
+        v = m["mlgap_at_radius"][r]
+        rows.append({"metric": f"mLGAP@{r}", "expected": v, "best": v, "worst": v})
+    create_table_artifact(table=rows, key="hashdist-metrics", description=f"hashdist metrics for {report['dataset']['path']}")
+    html = (report.get("outputs") or {}).get("report_html")
+    if html:
+        create_markdown_artifact(markdown=f"hashdist report: [{html}](file://{html})", key="hashdist-report",
+                                 description="HTML report with plots")
+
+
+@flow(name="evaluate", persist_result=False, log_prints=True)
+def evaluate(
+    dataset: str,
+    out: str | None = None,
+    k: list[int] = (10, 100, 1000),
+    radius: list[int] = (0, 1, 2),
+    beta: float = 1.0,
+    empty_queries: str = "exclude",
+    relevance: str | None = None,
+    max_grade: int = 8,
+    query_block_rows: int | None = None,
+    db_block_rows: int | None = None,
+    cache: str | bool | None = None,
+    overwrite: bool = False,
+    html: bool = True,
+    progress: bool = False,
+    started_at: float | None = None,
+) -> Evaluation:
+    """Evaluate DATASET; with ``out``, write report.json, per_query.zarr and report.html there."""
+    t_start = time.time()
+    ds, params, plan, parameters = prepare(
+        dataset, k=k, radius=radius, beta=beta, empty_queries=empty_queries, relevance=relevance,
+        max_grade=max_grade, query_block_rows=query_block_rows, db_block_rows=db_block_rows,
+    )
+    cache_dir = resolve_cache(cache).directory
+    cache_arg = False if cache_dir is None else str(cache_dir)
+
+    count_futures = [code_counts_task.submit(plan, b, cache_arg) for b in plan.count_blocks]
+    hist_futures = {histogram_task.submit(plan, b, cache_arg): b for b in plan.histogram_blocks}
+    sums, computed, cached = {}, 0, 0
+    pairs_done = 0
+    with _progress_bar(len(hist_futures), progress) as bar:
+        for fut in as_completed(list(hist_futures)):
+            block = hist_futures[fut]
+            H, was_cached = fut.result()
+            sums[block.q0] = H if block.q0 not in sums else sums[block.q0] + H
+            computed += not was_cached
+            cached += was_cached
+            pairs_done += block.pairs
+            bar.update(1)
+            bar.set_postfix_str(f"{pairs_done / max(time.time() - t_start, 1e-9):.3g} pairs/s")
+    t_compute = time.time()
+    codes, code_totals = merge_code_counts([f.result() for f in count_futures])
+    t_reduce = time.time()
+    metric_futures = [
+        metrics_task.submit(plan, q0, q1, sums.pop(q0), codes, code_totals, params) for q0, q1 in plan.query_blocks
+    ]
+    result = finish(plan, params, [f.result() for f in metric_futures], code_totals, computed, cached)
+    t_metrics = time.time()
+    started_at = started_at or t_start
+    timing = {
+        "startup_s": t_start - started_at,
+        "compute_s": t_compute - t_start,
+        "reduce_s": t_reduce - t_compute,
+        "metrics_s": t_metrics - t_reduce,
+        "write_s": 0.0,
+        "wall_s": t_metrics - started_at,
+    }
+    engine = {"kind": "prefect-dask", "flow": "evaluate"}
+    report = build_report(ds, plan, parameters, result, timing, engine)
+    evaluation = Evaluation(report, result.per_query, result.code_counts)
+    if out is not None:
+        evaluation.write(out, overwrite=overwrite, html=html, started_at=started_at)
+    _publish_artifacts(report)
+    return evaluation
+
+
+def task_runner(address=None, cluster_class=None, cluster_kwargs=None, workers=None, threads=None) -> DaskTaskRunner:
+    """An existing cluster (address), a per-run cluster (cluster_class), or the embedded LocalCluster of threads."""
+    if address:
+        return DaskTaskRunner(address=address)
+    if cluster_class:
+        return DaskTaskRunner(cluster_class=cluster_class, cluster_kwargs=cluster_kwargs or {})
+    # threads: the kernels release the GIL, and a thread worker needs no Prefect server of its own
+    kwargs = {"n_workers": workers or 1, "threads_per_worker": threads or os.cpu_count() or 1, "processes": False,
+              "dashboard_address": None}
+    return DaskTaskRunner(cluster_kwargs={**kwargs, **(cluster_kwargs or {})})
+
+
+def run_evaluation(dataset, *, out=None, overwrite=False, html=True, cache=None, address=None, cluster_class=None,
+                   cluster_kwargs=None, workers=None, threads=None, progress=False, **options) -> Evaluation:
+    """Validate the inputs here (bad input fails before any cluster starts), then run the flow."""
+    started_at = time.time()
+    prepare(dataset, **options)
+    runner = task_runner(address, cluster_class, cluster_kwargs, workers, threads)
+    return evaluate.with_options(task_runner=runner)(
+        dataset=str(dataset), out=None if out is None else str(out), overwrite=overwrite, html=html, cache=cache,
+        progress=progress, started_at=started_at, **options,
+    )

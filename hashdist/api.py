@@ -1,0 +1,129 @@
+"""The Python API for notebooks: evaluate a dataset in this process, no Prefect or Dask needed."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from hashdist.cache import BlockCache, default_cache_dir
+from hashdist.dataset import Dataset, open_dataset
+from hashdist.engine import DEFAULT_MAX_GRADE, Plan, RunResult, make_plan, run_local
+from hashdist.metrics.summary import MetricParams
+from hashdist.report import REPORT_MARKER, provenance, write_outputs
+
+
+def resolve_cache(cache) -> BlockCache:
+    """``None``: the per-user default cache; ``False``: no caching; else a directory."""
+    if cache is False:
+        return BlockCache(None)
+    return BlockCache(default_cache_dir() if cache is None else cache)
+
+
+def prepare(
+    dataset,
+    *,
+    k=(10, 100, 1000),
+    radius=(0, 1, 2),
+    beta: float = 1.0,
+    empty_queries: str = "exclude",
+    relevance: str | None = None,
+    max_grade: int = DEFAULT_MAX_GRADE,
+    query_block_rows: int | None = None,
+    db_block_rows: int | None = None,
+) -> tuple[Dataset, MetricParams, Plan, dict]:
+    """Open and validate the dataset and parameters and plan the blocks; returns (ds, params, plan, parameters)."""
+    ds = open_dataset(dataset)
+    params = MetricParams(tuple(k), tuple(radius), float(beta), empty_queries)
+    params.validate(ds.nbits)
+    plan = make_plan(
+        ds,
+        relevance=relevance,
+        max_grade=max_grade,
+        max_radius=params.max_radius,
+        query_block_rows=query_block_rows,
+        db_block_rows=db_block_rows,
+    )
+    parameters = {
+        "k": list(params.ks),
+        "radius": list(params.radii),
+        "beta": params.beta,
+        "empty_queries": params.empty_queries,
+        "relevance": plan.relevance,
+        "max_grade": plan.max_grade,
+        "query_block_rows": plan.query_blocks[0][1] - plan.query_blocks[0][0],
+        "db_block_rows": plan.histogram_blocks[0].d1 - plan.histogram_blocks[0].d0,
+    }
+    return ds, params, plan, parameters
+
+
+def build_report(ds: Dataset, plan: Plan, parameters: dict, result: RunResult, timing: dict, engine: dict) -> dict:
+    """The report document (see README: report keys)."""
+    wall = timing.get("wall_s") or 0.0
+    return {
+        "format": REPORT_MARKER,
+        "metrics": result.metrics,
+        "queries": result.queries,
+        "dataset": {
+            "path": ds.url,
+            "nbits": ds.nbits,
+            "n_database": ds.n_database,
+            "n_queries": ds.n_queries,
+            "relevance": plan.relevance,
+            "fingerprint": ds.fingerprint,
+        },
+        "parameters": parameters,
+        "provenance": provenance(ds.fingerprint, parameters),
+        "blocks": result.blocks,
+        "timing": timing,
+        "throughput": {"pairs": plan.pairs, "pairs_per_s": plan.pairs / wall if wall else None},
+        "engine": engine,
+    }
+
+
+@dataclass
+class Evaluation:
+    """A finished evaluation: the report document plus the arrays behind its plots."""
+
+    report: dict
+    per_query: dict
+    code_counts: np.ndarray
+
+    def write(self, out, *, overwrite: bool = False, html: bool = True, started_at: float | None = None):
+        """Write report.json, per_query.zarr and report.html into ``out`` (atomically).
+
+        With ``started_at`` (a time.time() value), record write_s and the final wall_s.
+        """
+        t_write = time.time()
+
+        def finalize(report):
+            if started_at is not None:
+                now = time.time()
+                report["timing"]["write_s"] = now - t_write
+                report["timing"]["wall_s"] = now - started_at
+                report["throughput"]["pairs_per_s"] = report["throughput"]["pairs"] / report["timing"]["wall_s"]
+
+        return write_outputs(
+            out, self.report, self.per_query, self.code_counts, overwrite=overwrite, html=html, finalize=finalize
+        )
+
+
+def evaluate_local(dataset, *, cache=None, threads: int | None = None, progress=None, **options) -> Evaluation:
+    """Evaluate in this process with a thread pool; see :func:`evaluate` for the options."""
+    t0 = time.time()
+    ds, params, plan, parameters = prepare(dataset, **options)
+    result = run_local(plan, params, resolve_cache(cache), threads=threads, progress=progress)
+    timing = {"startup_s": 0.0, **result.timing, "write_s": 0.0, "wall_s": time.time() - t0}
+    report = build_report(ds, plan, parameters, result, timing, {"kind": "local-threads", "threads": threads})
+    return Evaluation(report, result.per_query, result.code_counts)
+
+
+def evaluate(dataset, *, cache=None, threads: int | None = None, **options) -> dict:
+    """Evaluate a dataset in this process and return the report dict.
+
+    Options: k, radius, beta, empty_queries ("exclude" or "zero"), relevance
+    ("class", "multilabel", "explicit"), max_grade, query_block_rows, db_block_rows.
+    ``cache``: None for the per-user cache, False for none, or a directory.
+    """
+    return evaluate_local(dataset, cache=cache, threads=threads, **options).report

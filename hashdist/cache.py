@@ -1,0 +1,67 @@
+"""A content-keyed store of block results: plain .npz files, verified on every read.
+
+Keys are SHA-256 digests of everything a result depends on (row fingerprints,
+parameters, kernel version), so an entry can never be stale. Each file carries a
+digest of its own arrays; a file that is unreadable or fails the check is
+treated as missing (and recomputed), never trusted. Nothing is unpickled.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import uuid
+from pathlib import Path
+
+import numpy as np
+
+
+def default_cache_dir() -> Path:
+    """Per-user cache shared by all runs: $HASHDIST_CACHE, else $XDG_CACHE_HOME/hashdist, else ~/.cache/hashdist."""
+    if os.environ.get("HASHDIST_CACHE"):
+        return Path(os.environ["HASHDIST_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "hashdist"
+
+
+def _digest(arrays: dict[str, np.ndarray]) -> str:
+    h = hashlib.sha256()
+    for name in sorted(arrays):
+        a = np.ascontiguousarray(arrays[name])
+        h.update(f"{name}:{a.dtype.str}:{a.shape}".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
+
+
+class BlockCache:
+    """Directory of verified .npz results; ``None`` as the directory disables caching."""
+
+    def __init__(self, directory: str | os.PathLike | None):
+        self.directory = Path(directory) if directory is not None else None
+
+    def _path(self, key: str) -> Path:
+        return self.directory / key[:2] / f"{key}.npz"
+
+    def get(self, key: str) -> dict[str, np.ndarray] | None:
+        if self.directory is None:
+            return None
+        path = self._path(key)
+        try:
+            with np.load(path, allow_pickle=False) as f:
+                arrays = {k: f[k] for k in f.files}
+        except Exception:  # missing, truncated or not an npz: a miss
+            return None
+        stored = arrays.pop("__digest__", None)
+        if stored is None or str(stored) != _digest(arrays):
+            return None
+        return arrays
+
+    def put(self, key: str, arrays: dict[str, np.ndarray]) -> None:
+        if self.directory is None:
+            return
+        path = self._path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+        with open(tmp, "wb") as f:
+            np.savez(f, __digest__=np.array(_digest(arrays)), **arrays)
+        os.replace(tmp, path)

@@ -1,0 +1,227 @@
+"""The ``hashdist`` command line: ingest, synth, evaluate.
+
+Bad input ends with one line on stderr naming the problem and exit status 2;
+nothing is written. ``--debug`` shows tracebacks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from hashdist.errors import InputError
+
+DESCRIPTION = """\
+Exact, tie-aware evaluation of binary hash codes for retrieval.
+
+  hashdist synth --preset demo --out demo/data.zarr          make a synthetic dataset
+  hashdist ingest --db-codes DB.npy --query-codes Q.npy \\
+      --db-labels DBL.npy --query-labels QL.npy --out data.zarr     store your codes
+  hashdist evaluate data.zarr --out report/                   metrics, report.json, report.html
+
+Every order-dependent metric is reported for the three tie policies (expected
+over all orders of items at equal Hamming distance, best, worst). See README.md
+and the metric specification for definitions.
+"""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, exit status 2
+        sys.stderr.write(f"{self.prog}: error: {message}\n")
+        sys.exit(2)
+
+
+def _add_ingest(sub):
+    p = sub.add_parser(
+        "ingest",
+        help="store codes, labels and ground truth as a Zarr dataset",
+        description="Store query and database codes (and labels or explicit ground truth) as a hashdist dataset. "
+        "Codes: (N, B) arrays of {0,1} or {-1,+1} in any numeric or bool dtype, or numpy-packbits uint8 "
+        "rows with --packed --nbits B; .npy files are memory-mapped and streamed. Labels: 1-D integers are "
+        "classes, 2-D 0/1 is multi-label.",
+    )
+    p.add_argument("--db-codes", required=True, metavar="DB.npy")
+    p.add_argument("--query-codes", metavar="Q.npy", help="required unless --append")
+    p.add_argument("--db-labels", metavar="DBL.npy")
+    p.add_argument("--query-labels", metavar="QL.npy")
+    p.add_argument("--query-relevant", metavar="REL.npz", help="explicit ground truth: CSR indptr, indices[, grades]")
+    p.add_argument("--relevance", choices=["class", "multilabel", "explicit"], help="default relevance kind")
+    p.add_argument("--packed", action="store_true", help="codes are numpy packbits uint8 rows")
+    p.add_argument("--nbits", type=int, help="bits per code with --packed")
+    p.add_argument("--chunk-rows", type=int, default=65536, help="database rows per Zarr chunk (default 65536)")
+    p.add_argument("--query-chunk-rows", type=int, default=1024, help="query rows per Zarr chunk (default 1024)")
+    p.add_argument("--append", action="store_true", help="append --db-codes (and --db-labels) to the dataset at --out")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing dataset at --out")
+    p.add_argument("--out", required=True, metavar="DATASET.zarr")
+
+
+def _run_ingest(a):
+    from hashdist.ingest import append, ingest
+
+    if a.append:
+        append(a.out, a.db_codes, a.db_labels, packed=a.packed)
+        return f"appended {a.db_codes} to {a.out}"
+    if a.query_codes is None:
+        raise InputError("--query-codes is required (unless --append)")
+    ingest(
+        a.out, a.db_codes, a.query_codes, db_labels=a.db_labels, query_labels=a.query_labels,
+        query_relevant=a.query_relevant, relevance=a.relevance, packed=a.packed, nbits=a.nbits,
+        chunk_rows=a.chunk_rows, query_chunk_rows=a.query_chunk_rows, overwrite=a.overwrite,
+    )
+    return f"wrote {a.out}"
+
+
+def _add_synth(sub):
+    p = sub.add_parser(
+        "synth",
+        help="write a synthetic or digits-derived dataset",
+        description="Synthetic class-structured codes (single- or multi-label, with a collision knob), presets "
+        "(demo, flickr1m, nuswide, cifar), or scikit-learn's digits hashed with LSH, PCA-hashing or ITQ.",
+    )
+    p.add_argument("--preset", help="demo | flickr1m | nuswide | cifar")
+    p.add_argument("--digits", choices=["lsh", "pcah", "itq"], help="hash scikit-learn's digits with this method")
+    p.add_argument("--n-database", type=int)
+    p.add_argument("--n-queries", type=int)
+    p.add_argument("--nbits", type=int)
+    p.add_argument("--labels", choices=["class", "multilabel"])
+    p.add_argument("--n-classes", type=int)
+    p.add_argument("--n-concepts", type=int)
+    p.add_argument("--labels-per-item", type=float)
+    p.add_argument("--noise", type=float, help="per-bit flip probability around the class centres")
+    p.add_argument("--collision", type=float, help="fraction of items set exactly to their centre code")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--chunk-rows", type=int)
+    p.add_argument("--overwrite", action="store_true")
+    p.add_argument("--out", required=True, metavar="DATASET.zarr")
+
+
+def _run_synth(a):
+    from hashdist import synth
+
+    if a.digits:
+        kwargs = {k: v for k, v in (("nbits", a.nbits), ("n_queries", a.n_queries)) if v is not None}
+        synth.digits_dataset(a.out, method=a.digits, seed=a.seed, overwrite=a.overwrite, **kwargs)
+        return f"wrote {a.out}"
+    if a.preset is not None and a.preset not in synth.PRESETS:
+        raise InputError(f"--preset {a.preset}: unknown preset (choose from {', '.join(synth.PRESETS)})")
+    kwargs = dict(synth.PRESETS.get(a.preset, {}))
+    for name in ("n_database", "n_queries", "nbits", "labels", "n_classes", "n_concepts", "labels_per_item",
+                 "noise", "collision", "chunk_rows"):
+        if getattr(a, name) is not None:
+            kwargs[name] = getattr(a, name)
+    for name in ("n_database", "n_queries"):
+        if name not in kwargs:
+            raise InputError(f"--{name.replace('_', '-')} is required without --preset")
+    synth.synth_dataset(a.out, seed=a.seed, overwrite=a.overwrite, **kwargs)
+    return f"wrote {a.out}"
+
+
+def _add_evaluate(sub):
+    p = sub.add_parser(
+        "evaluate",
+        help="compute every metric and write a report",
+        description="Evaluate a dataset: a Prefect flow chunks the work across Dask workers (by default a local "
+        "cluster and Prefect's ephemeral API; no server needed). Writes DIR/report.json, DIR/per_query.zarr and "
+        "DIR/report.html and prints the metric table.",
+    )
+    p.add_argument("dataset", metavar="DATASET")
+    p.add_argument("--out", required=True, metavar="DIR")
+    p.add_argument("--k", type=int, nargs="+", default=[10, 100, 1000], help="cut-offs K (default 10 100 1000)")
+    p.add_argument("--radius", type=int, nargs="+", default=[0, 1, 2], help="Hamming radii (default 0 1 2)")
+    p.add_argument("--beta", type=float, default=1.0, help="F-beta's beta (default 1)")
+    p.add_argument("--empty-queries", choices=["exclude", "zero"], default="exclude",
+                   help="queries without relevant items: excluded from means (default) or counted as 0")
+    p.add_argument("--relevance", choices=["class", "multilabel", "explicit"], help="default: the dataset's")
+    p.add_argument("--max-grade", type=int, default=8, help="cap on graded relevance (labels in common), default 8")
+    p.add_argument("--engine", choices=["flow", "local"], default="flow",
+                   help="flow: Prefect + Dask (default); local: threads in this process")
+    p.add_argument("--address", help="existing Dask scheduler, tcp://HOST:PORT")
+    p.add_argument("--cluster-class", help="per-run cluster class, e.g. dask_jobqueue.SLURMCluster")
+    p.add_argument("--cluster-kwargs", default="{}", help="JSON keyword arguments for --cluster-class")
+    p.add_argument("--workers", type=int, help="local cluster: worker count (default 1)")
+    p.add_argument("--threads", type=int, help="local cluster: threads per worker (default: all cores)")
+    p.add_argument("--query-block-rows", type=int, help="queries per block (rounded up to whole chunks)")
+    p.add_argument("--db-block-rows", type=int, help="database rows per block (rounded up to whole chunks)")
+    p.add_argument("--cache", help="block result store (default: the per-user cache)")
+    p.add_argument("--no-cache", action="store_true", help="compute every block, store nothing")
+    p.add_argument("--no-html", action="store_true", help="skip report.html")
+    p.add_argument("--json", action="store_true", help="print report.json instead of the table")
+    p.add_argument("--overwrite", action="store_true", help="replace DIR even if it is not a hashdist report")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def _run_evaluate(a):
+    from hashdist.report import check_output_dir, format_table, json_safe
+
+    check_output_dir(a.out, a.overwrite)
+    try:
+        cluster_kwargs = json.loads(a.cluster_kwargs)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"--cluster-kwargs is not valid JSON: {exc}") from None
+    if not isinstance(cluster_kwargs, dict):
+        raise InputError("--cluster-kwargs must be a JSON object")
+    options = dict(
+        k=a.k, radius=a.radius, beta=a.beta, empty_queries=a.empty_queries, relevance=a.relevance,
+        max_grade=a.max_grade, query_block_rows=a.query_block_rows, db_block_rows=a.db_block_rows,
+    )
+    cache = False if a.no_cache else a.cache
+    if a.engine == "local":
+        import time
+
+        from hashdist.api import evaluate_local
+
+        started_at = time.time()
+        evaluation = evaluate_local(a.dataset, cache=cache, threads=a.threads, **options)
+        evaluation.write(a.out, overwrite=a.overwrite, html=not a.no_html, started_at=started_at)
+    else:
+        from flows.evaluate import run_evaluation
+
+        evaluation = run_evaluation(
+            a.dataset, out=a.out, overwrite=a.overwrite, html=not a.no_html, cache=cache, address=a.address,
+            cluster_class=a.cluster_class, cluster_kwargs=cluster_kwargs, workers=a.workers, threads=a.threads,
+            progress=not a.quiet, **options,
+        )
+    out = a.out
+    if a.json:
+        return json.dumps(json_safe(evaluation.report), indent=2)
+    r = evaluation.report
+    tail = (
+        f"\nblocks: {r['blocks']['computed']} computed, {r['blocks']['cached']} cached of {r['blocks']['total']}; "
+        f"{r['throughput']['pairs']:.3g} pairs in {r['timing']['wall_s']:.2f} s\nreport: {out}/report.json"
+        + ("" if a.no_html else f", {out}/report.html")
+    )
+    return format_table(r) + tail
+
+
+COMMANDS = {"ingest": (_add_ingest, _run_ingest), "synth": (_add_synth, _run_synth),
+            "evaluate": (_add_evaluate, _run_evaluate)}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="hashdist", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    for add, _ in COMMANDS.values():
+        add(sub)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        message = COMMANDS[args.command][1](args)
+    except InputError as exc:
+        if args.debug:
+            raise
+        sys.stderr.write(f"hashdist {args.command}: error: {exc}\n")
+        return 2
+    except KeyboardInterrupt:
+        sys.stderr.write("hashdist: interrupted\n")
+        return 130
+    print(message)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,240 @@
+"""Ingest codes, labels and ground truth from .npy/.npz files into a dataset, streaming.
+
+``.npy`` inputs are memory-mapped and converted chunk by chunk, so a database of
+any size is ingested in bounded memory. Every input is validated before the
+dataset is renamed into place; on any error nothing is written. Pickled object
+arrays are refused, never loaded.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from hashdist.bits import check_code_convention, code_values, n_words, numpy_packed_to_words, pack_bits
+from hashdist.dataset import DEFAULT_CHUNK_ROWS, DEFAULT_QUERY_CHUNK_ROWS, MAX_NBITS, DatasetWriter
+from hashdist.errors import InputError
+
+
+def load_array(path) -> np.ndarray:
+    """Memory-map a .npy (or load the single array of a .npz); refuse pickles and bad files."""
+    path = str(path)
+    name, _, key = path.partition(".npz:")
+    if key:
+        path = name + ".npz"
+    if not Path(path).is_file():
+        raise InputError(f"{path}: no such file")
+    try:
+        loaded = np.load(path, mmap_mode="r", allow_pickle=False)
+    except ValueError as exc:
+        if "allow_pickle" in str(exc) or "pickle" in str(exc).lower():
+            raise InputError(f"{path}: contains a pickled object array (hashdist never loads pickles)") from None
+        raise InputError(f"{path}: not a readable .npy/.npz file ({exc})") from None
+    except Exception as exc:
+        raise InputError(f"{path}: not a readable .npy/.npz file ({type(exc).__name__})") from None
+    if isinstance(loaded, np.lib.npyio.NpzFile):
+        with loaded:
+            names = loaded.files
+            if key:
+                if key not in names:
+                    raise InputError(f"{path}: has no array {key!r} (has {', '.join(names)})")
+                names = [key]
+            if len(names) != 1:
+                raise InputError(f"{path}: holds {len(names)} arrays; name one as {path}:NAME")
+            try:
+                loaded = loaded[names[0]]
+            except ValueError:
+                raise InputError(f"{path}: contains a pickled object array (hashdist never loads pickles)") from None
+    if loaded.dtype.hasobject:
+        raise InputError(f"{path}: object arrays are not supported")
+    return loaded
+
+
+def _code_width(arr: np.ndarray, path, packed: bool, nbits: int | None) -> int:
+    if arr.ndim != 2:
+        raise InputError(f"{path}: codes must be a 2-D array (rows, bits), got shape {arr.shape}")
+    if arr.shape[0] == 0 or arr.shape[1] == 0:
+        raise InputError(f"{path}: codes are empty (shape {arr.shape})")
+    if not packed:
+        if arr.shape[1] > MAX_NBITS:
+            raise InputError(f"{path}: {arr.shape[1]} bits per code exceeds the maximum {MAX_NBITS}")
+        return arr.shape[1]
+    if nbits is None:
+        raise InputError("--packed needs --nbits B")
+    if arr.dtype != np.uint8:
+        raise InputError(f"{path}: packed codes must be uint8 (numpy packbits), got {arr.dtype}")
+    if arr.shape[1] != -(-nbits // 8):
+        raise InputError(f"{path}: packed rows have {arr.shape[1]} bytes; --nbits {nbits} needs {-(-nbits // 8)}")
+    return nbits
+
+
+def _code_blocks(arr, path, packed, nbits, chunk_rows):
+    """Yield uint64 word blocks of chunk_rows rows, validating values as they stream."""
+    seen: set = set()
+    for start in range(0, arr.shape[0], chunk_rows):
+        block = np.asarray(arr[start : start + chunk_rows])
+        if packed:
+            words = numpy_packed_to_words(block, nbits)
+            last = words[:, -1] if nbits % 64 else None
+            if last is not None and (last >> np.uint64(nbits % 64)).any():
+                raise InputError(f"{path}: packed codes have bits set beyond --nbits {nbits}")
+            yield words
+        else:
+            seen |= code_values(block, str(path))
+            check_code_convention(seen, str(path))
+            yield pack_bits(block)
+
+
+def _label_kind(arr, path) -> str:
+    if arr.ndim == 1:
+        if arr.dtype.kind not in "iu":
+            raise InputError(f"{path}: class labels must be integers, got {arr.dtype}")
+        return "class"
+    if arr.ndim == 2:
+        if arr.dtype.kind not in "biuf" or arr.shape[1] == 0:
+            raise InputError(f"{path}: multi-label matrix must be numeric 0/1 with at least one column")
+        return "multilabel"
+    raise InputError(f"{path}: labels must be 1-D (classes) or 2-D (multi-hot), got shape {arr.shape}")
+
+
+def _label_blocks(arr, path, kind, chunk_rows):
+    for start in range(0, arr.shape[0], chunk_rows):
+        block = np.asarray(arr[start : start + chunk_rows])
+        if kind == "class":
+            yield block.astype(np.int64)
+        else:
+            if block.dtype.kind == "f" and np.isnan(block).any():
+                raise InputError(f"{path}: multi-label matrix contains NaN")
+            if not np.isin(block, (0, 1)).all():
+                raise InputError(f"{path}: multi-label matrix must contain only 0 and 1")
+            yield pack_bits(block.astype(np.uint8))
+
+
+def load_relevant(path, n_queries: int, n_database: int):
+    """Explicit ground truth from an .npz with indptr, indices and optional grades; sorted per query."""
+    path = str(path)
+    if not Path(path).is_file():
+        raise InputError(f"{path}: no such file")
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            arrays = {k: f[k] for k in f.files}
+    except Exception:
+        raise InputError(f"{path}: not a readable .npz file with indptr and indices (pickles are refused)") from None
+    if "indptr" not in arrays or "indices" not in arrays:
+        raise InputError(f"{path}: needs arrays 'indptr' and 'indices' (CSR), has {', '.join(arrays)}")
+    indptr, indices = arrays["indptr"], arrays["indices"]
+    grades = arrays.get("grades")
+    if indptr.ndim != 1 or indptr.dtype.kind not in "iu" or indices.dtype.kind not in "iu":
+        raise InputError(f"{path}: indptr and indices must be 1-D integer arrays")
+    if len(indptr) != n_queries + 1 or indptr[0] != 0 or indptr[-1] != len(indices):
+        raise InputError(f"{path}: indptr must have n_queries + 1 = {n_queries + 1} entries from 0 to len(indices)")
+    if (np.diff(indptr) < 0).any():
+        raise InputError(f"{path}: indptr is not monotone")
+    if len(indices) and (indices.min() < 0 or indices.max() >= n_database):
+        raise InputError(f"{path}: indices out of range 0..{n_database - 1}")
+    if grades is not None and (grades.shape != indices.shape or grades.dtype.kind not in "iu" or (grades < 0).any()):
+        raise InputError(f"{path}: grades must be non-negative integers, one per index")
+    indices = indices.astype(np.int64).copy()
+    grades = None if grades is None else grades.astype(np.int64).copy()
+    for q in range(n_queries):
+        lo, hi = indptr[q], indptr[q + 1]
+        order = np.argsort(indices[lo:hi], kind="stable")
+        indices[lo:hi] = indices[lo:hi][order]
+        if grades is not None:
+            grades[lo:hi] = grades[lo:hi][order]
+        if (np.diff(indices[lo:hi]) == 0).any():
+            raise InputError(f"{path}: query {q} lists a database index twice")
+    return indptr.astype(np.int64), indices, grades
+
+
+def ingest(
+    out,
+    db_codes,
+    query_codes,
+    *,
+    db_labels=None,
+    query_labels=None,
+    query_relevant=None,
+    relevance: str | None = None,
+    packed: bool = False,
+    nbits: int | None = None,
+    chunk_rows: int = DEFAULT_CHUNK_ROWS,
+    query_chunk_rows: int = DEFAULT_QUERY_CHUNK_ROWS,
+    overwrite: bool = False,
+) -> str:
+    """Write a dataset from code (and label / ground-truth) files; returns its path."""
+    if chunk_rows < 1 or query_chunk_rows < 1:
+        raise InputError("--chunk-rows must be a positive integer")
+    db, qs = load_array(db_codes), load_array(query_codes)
+    b_db = _code_width(db, db_codes, packed, nbits)
+    b_q = _code_width(qs, query_codes, packed, nbits)
+    if b_db != b_q:
+        raise InputError(f"{query_codes}: queries have {b_q} bits but the database codes {db_codes} have {b_db}")
+    kinds: list[str] = []
+    labels = {}
+    if (db_labels is None) != (query_labels is None):
+        raise InputError("--db-labels and --query-labels must be given together")
+    if db_labels is not None:
+        dl, ql = load_array(db_labels), load_array(query_labels)
+        kind = _label_kind(dl, db_labels)
+        if _label_kind(ql, query_labels) != kind or dl.shape[1:] != ql.shape[1:]:
+            raise InputError(f"{query_labels}: labels of shape {ql.shape} do not match {db_labels} of shape {dl.shape}")
+        for arr, codes, path, codes_path in ((dl, db, db_labels, db_codes), (ql, qs, query_labels, query_codes)):
+            if arr.shape[0] != codes.shape[0]:
+                raise InputError(f"{path}: {arr.shape[0]} labels but {codes.shape[0]} codes in {codes_path}")
+        kinds.append(kind)
+        labels = {"database": (dl, db_labels, kind), "queries": (ql, query_labels, kind)}
+    csr = None
+    if query_relevant is not None:
+        csr = load_relevant(query_relevant, qs.shape[0], db.shape[0])
+        kinds.append("explicit")
+    if relevance is not None:
+        if relevance not in kinds:
+            have = ", ".join(kinds) or "no relevance data"
+            raise InputError(f"--relevance {relevance}: the inputs provide {have}")
+        kinds.remove(relevance)
+        kinds.insert(0, relevance)
+    n_labels = labels["database"][0].shape[1] if "multilabel" in kinds else 0
+    with DatasetWriter(
+        out,
+        nbits=b_db,
+        relevance=tuple(kinds),
+        n_labels=n_labels,
+        chunk_rows=chunk_rows,
+        query_chunk_rows=query_chunk_rows,
+        overwrite=overwrite,
+    ) as writer:
+        for part, arr, path in (("database", db, db_codes), ("queries", qs, query_codes)):
+            rows = writer.chunk_rows[part]
+            for words in _code_blocks(arr, path, packed, b_db, rows):
+                writer.add_codes(part, words)
+            if labels:
+                for block in _label_blocks(*labels[part], rows):
+                    writer.add_labels(part, block)
+        if csr is not None:
+            writer.add_relevant(*csr)
+    return str(out)
+
+
+def append(dataset, db_codes, db_labels=None, *, packed: bool = False) -> str:
+    """Append database rows from files to an existing dataset (``hashdist ingest --append``)."""
+    from hashdist.dataset import append_database_rows, open_dataset
+
+    ds = open_dataset(dataset)
+    db = load_array(db_codes)
+    width = _code_width(db, db_codes, packed, ds.nbits if packed else None)
+    if width != ds.nbits:
+        raise InputError(f"{db_codes}: codes have {width} bits but the dataset has {ds.nbits}")
+    words = np.concatenate(list(_code_blocks(db, db_codes, packed, width, ds.chunk_rows("database"))))
+    labels = None
+    if db_labels is not None:
+        arr = load_array(db_labels)
+        if arr.shape[0] != db.shape[0]:
+            raise InputError(f"{db_labels}: {arr.shape[0]} labels but {db.shape[0]} codes in {db_codes}")
+        kind = _label_kind(arr, db_labels)
+        labels = np.concatenate(list(_label_blocks(arr, db_labels, kind, ds.chunk_rows("database"))))
+        if kind == "multilabel" and labels.shape[1] != n_words(ds.n_labels):
+            raise InputError(f"{db_labels}: {arr.shape[1]} label columns, dataset has {ds.n_labels}")
+    append_database_rows(ds.url, words, labels)
+    return ds.url

@@ -1,0 +1,341 @@
+"""Synthetic and small real datasets for demos, tests and benchmarks.
+
+:func:`synth_dataset` writes class-structured random codes of any size, chunk by
+chunk in bounded memory. Every class (or, for multi-label data, every concept)
+has a random centre code; an item's code is its class centre, or for multi-label
+items a per-bit random mix of its concepts' centres, with each bit then flipped
+independently with probability ``noise``. With probability ``collision`` an item
+instead gets exactly the centre code of its (first) class, so many items share a
+code, as with supervised hashing models.
+
+Rows are generated in fixed generation blocks whose size depends only on the
+parameters (not on ``chunk_rows``), each from its own random streams seeded by
+``(seed, part, block, stream)``. The stored rows therefore depend only on the
+parameters and the seed; the fingerprints also depend on the chunk sizes.
+
+:func:`digits_dataset` hashes scikit-learn's bundled 8x8 digits (1,797 images,
+10 classes, no download) with LSH, PCA hashing or ITQ.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+from hashdist.bits import n_words, pack_bits, unpack_bits
+from hashdist.dataset import (
+    DEFAULT_CHUNK_ROWS,
+    DEFAULT_QUERY_CHUNK_ROWS,
+    MAX_NBITS,
+    DatasetWriter,
+)
+from hashdist.errors import InputError
+
+__all__ = ["PRESETS", "synth_dataset", "digits_dataset"]
+
+PRESETS: dict[str, dict] = {
+    "demo": dict(
+        n_database=20_000, n_queries=500, nbits=64, labels="multilabel", n_concepts=24,
+        labels_per_item=1.9, noise=0.15, collision=0.0,
+    ),
+    "flickr1m": dict(
+        n_database=1_000_000, n_queries=10_000, nbits=64, labels="multilabel", n_concepts=24,
+        labels_per_item=1.9, noise=0.15, collision=0.0,
+    ),
+    "nuswide": dict(
+        n_database=200_000, n_queries=2_000, nbits=64, labels="multilabel", n_concepts=81,
+        labels_per_item=1.9, noise=0.15, collision=0.0,
+    ),
+    "cifar": dict(
+        n_database=59_000, n_queries=1_000, nbits=64, labels="class", n_classes=10,
+        noise=0.15, collision=0.0,
+    ),
+}
+
+LABEL_KINDS = ("class", "multilabel")
+DIGITS_METHODS = ("lsh", "pcah", "itq")
+MAX_CLASSES = 1_000_000
+MAX_CENTRE_BITS = 1 << 30  # packed class centres take at most 128 MiB
+MAX_CONCEPTS = 4096
+ZIPF_EXPONENT = 1.0  # concept c is drawn with weight (c + 1) ** -ZIPF_EXPONENT
+ITQ_ITERATIONS = 50
+GEN_ELEMENTS = 1 << 21  # rows per generation block * max(nbits, n_concepts, 64)
+
+_PART_IDS = {"database": 0, "queries": 1}
+_CENTRES = 2
+# independent random streams within one generation block
+_S_LABELS, _S_MIX, _S_NOISE, _S_COLLISION = range(4)
+
+
+# -- argument checks ----------------------------------------------------------
+
+
+def _int_opt(value, option: str, lo: int, hi: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise InputError(f"{option} must be an integer, got {value!r}")
+    value = int(value)
+    if value < lo or (hi is not None and value > hi):
+        rng = f"in {lo}..{hi}" if hi is not None else f">= {lo}"
+        raise InputError(f"{option} must be {rng}, got {value}")
+    return value
+
+
+def _float_opt(value, option: str, lo: float, hi: float | None = None) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise InputError(f"{option} must be a number, got {value!r}")
+    value = float(value)
+    if not np.isfinite(value) or value < lo or (hi is not None and value > hi):
+        rng = f"in [{lo:g}, {hi:g}]" if hi is not None else f">= {lo:g}"
+        raise InputError(f"{option} must be {rng}, got {value!r}")
+    return value
+
+
+# -- synthetic codes ----------------------------------------------------------
+
+
+def _gen_rows(nbits: int, width: int) -> int:
+    return max(16, GEN_ELEMENTS // max(nbits, width, 64))
+
+
+def _rng(seed: int, *key: int) -> np.random.Generator:
+    return np.random.default_rng([seed, *key])
+
+
+def _concept_log_weights(n_concepts: int) -> np.ndarray:
+    return -ZIPF_EXPONENT * np.log(np.arange(1, n_concepts + 1, dtype=np.float64))
+
+
+def _draw_concepts(rng: np.random.Generator, n: int, n_concepts: int, labels_per_item: float,
+                   log_w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per item: k ~ 1 + Poisson(labels_per_item - 1) capped at n_concepts distinct concepts,
+    drawn without replacement with Zipf weights (Gumbel top-k). Returns (lab (n, kmax) with
+    -1 padding, in draw order, and k (n,))."""
+    k = 1 + rng.poisson(labels_per_item - 1.0, size=n)
+    np.minimum(k, n_concepts, out=k)
+    kmax = int(k.max())
+    keys = log_w[None, :] + rng.gumbel(size=(n, n_concepts))
+    if kmax < n_concepts:
+        top = np.argpartition(-keys, kmax - 1, axis=1)[:, :kmax]
+    else:
+        top = np.broadcast_to(np.arange(n_concepts), (n, n_concepts))
+    order = np.argsort(-np.take_along_axis(keys, top, axis=1), axis=1, kind="stable")
+    lab = np.take_along_axis(top, order, axis=1).astype(np.int64)
+    lab[np.arange(kmax)[None, :] >= k[:, None]] = -1
+    return lab, k
+
+
+def _multi_hot_words(lab: np.ndarray, n_labels: int) -> np.ndarray:
+    n, kmax = lab.shape
+    words = np.zeros((n, n_words(n_labels)), dtype=np.uint64)
+    rows = np.arange(n)
+    for t in range(kmax):  # each row appears once per column, so |= is safe
+        col = lab[:, t]
+        ok = col >= 0
+        c = col[ok]
+        words[rows[ok], c >> 6] |= np.left_shift(np.uint64(1), (c & 63).astype(np.uint64))
+    return words
+
+
+class _Generator:
+    def __init__(self, *, nbits, labels, n_classes, n_concepts, labels_per_item, noise, collision, seed):
+        self.nbits, self.labels, self.noise, self.collision, self.seed = nbits, labels, noise, collision, seed
+        self.labels_per_item = labels_per_item
+        crng = _rng(seed, _CENTRES)
+        if labels == "class":
+            self.n_centres = n_classes
+            self.width = 1
+        else:
+            self.n_centres = n_concepts
+            self.width = n_concepts
+            self.log_w = _concept_log_weights(n_concepts)
+        # centres are generated in row blocks so huge class counts never need unpacked bits
+        blocks = []
+        step = max(1, GEN_ELEMENTS // max(nbits, 64))
+        for i in range(0, self.n_centres, step):
+            m = min(step, self.n_centres - i)
+            blocks.append(pack_bits(crng.integers(0, 2, size=(m, nbits), dtype=np.uint8)))
+        self.centre_words = np.concatenate(blocks)
+        if labels == "multilabel":  # at most 4096 x 4096 bytes
+            self.centre_bits = unpack_bits(self.centre_words, nbits)
+        self.gen_rows = _gen_rows(nbits, self.width)
+
+    def block(self, part: str, b: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """Rows of generation block ``b`` of ``part`` (n rows): (code words, labels)."""
+        key = (self.seed, _PART_IDS[part], b)
+        rl, rm, rn, rc = (_rng(*key, s) for s in (_S_LABELS, _S_MIX, _S_NOISE, _S_COLLISION))
+        nbits = self.nbits
+        if self.labels == "class":
+            primary = rl.integers(0, self.n_centres, size=n, dtype=np.int64)
+            labels = primary
+            words = self.centre_words[primary]
+            if self.noise > 0:
+                words = words ^ pack_bits(rn.random((n, nbits), dtype=np.float32) < self.noise)
+        else:
+            lab, k = _draw_concepts(rl, n, self.n_centres, self.labels_per_item, self.log_w)
+            primary = lab[:, 0]
+            labels = _multi_hot_words(lab, self.n_centres)
+            if int(k.max()) == 1:
+                bits = self.centre_bits[primary]
+            else:
+                slot = rm.integers(0, k[:, None], size=(n, nbits), dtype=np.int64)
+                chosen = np.take_along_axis(lab, slot, axis=1)
+                bits = self.centre_bits[chosen, np.arange(nbits)[None, :]]
+            if self.noise > 0:
+                bits ^= (rn.random((n, nbits), dtype=np.float32) < self.noise).view(np.uint8)
+            words = pack_bits(bits)
+        if self.collision > 0:
+            hit = rc.random(n) < self.collision
+            words[hit] = self.centre_words[primary[hit]]
+        return np.ascontiguousarray(words, dtype=np.uint64), labels
+
+    def write(self, writer: DatasetWriter, part: str, n: int) -> None:
+        for b, start in enumerate(range(0, n, self.gen_rows)):
+            words, labels = self.block(part, b, min(self.gen_rows, n - start))
+            writer.add_codes(part, words)
+            writer.add_labels(part, labels)
+
+
+def synth_dataset(
+    out,
+    *,
+    n_database: int,
+    n_queries: int,
+    nbits: int = 64,
+    labels: str = "multilabel",
+    n_classes: int = 10,
+    n_concepts: int = 24,
+    labels_per_item: float = 1.9,
+    noise: float = 0.15,
+    collision: float = 0.0,
+    seed: int = 0,
+    chunk_rows: int = DEFAULT_CHUNK_ROWS,
+    query_chunk_rows: int = DEFAULT_QUERY_CHUNK_ROWS,
+    overwrite: bool = False,
+) -> str:
+    """Write a synthetic class-structured dataset to ``out`` and return its URL.
+
+    ``labels="class"``: each item has one uniformly drawn class of ``n_classes``;
+    labels are stored as int64 class ids (relevance "class").
+    ``labels="multilabel"``: each item has ``1 + Poisson(labels_per_item - 1)``
+    distinct concepts (capped at ``n_concepts``) drawn with Zipf-like popularity
+    (concept 0 the most popular); its code takes each bit from the centre of a
+    randomly chosen one of its concepts. Labels are stored packed multi-hot
+    (relevance "multilabel"). Queries are independent items of the same distribution.
+    """
+    n_database = _int_opt(n_database, "--n-database", 1)
+    n_queries = _int_opt(n_queries, "--n-queries", 1)
+    nbits = _int_opt(nbits, "--nbits", 1, MAX_NBITS)
+    if labels not in LABEL_KINDS:
+        raise InputError(f"--labels must be one of {', '.join(LABEL_KINDS)}, got {labels!r}")
+    n_classes = _int_opt(n_classes, "--n-classes", 1, MAX_CLASSES)
+    if labels == "class" and n_classes * nbits > MAX_CENTRE_BITS:
+        raise InputError(f"--n-classes {n_classes} x --nbits {nbits} exceeds {MAX_CENTRE_BITS} centre bits")
+    n_concepts = _int_opt(n_concepts, "--n-concepts", 1, MAX_CONCEPTS)
+    labels_per_item = _float_opt(labels_per_item, "--labels-per-item", 1.0)
+    noise = _float_opt(noise, "--noise", 0.0, 1.0)
+    collision = _float_opt(collision, "--collision", 0.0, 1.0)
+    seed = _int_opt(seed, "--seed", 0)
+    chunk_rows = _int_opt(chunk_rows, "--chunk-rows", 1)
+    query_chunk_rows = _int_opt(query_chunk_rows, "--query-chunk-rows", 1)
+
+    params = dict(
+        kind="synthetic", n_database=n_database, n_queries=n_queries, nbits=nbits, labels=labels,
+        noise=noise, collision=collision, seed=seed,
+    )
+    if labels == "class":
+        params.update(n_classes=n_classes)
+        relevance, n_labels = ("class",), 0
+    else:
+        params.update(n_concepts=n_concepts, labels_per_item=labels_per_item, zipf_exponent=ZIPF_EXPONENT)
+        relevance, n_labels = ("multilabel",), n_concepts
+    gen = _Generator(
+        nbits=nbits, labels=labels, n_classes=n_classes, n_concepts=n_concepts,
+        labels_per_item=labels_per_item, noise=noise, collision=collision, seed=seed,
+    )
+    params["generation_rows"] = gen.gen_rows
+    with DatasetWriter(
+        out, nbits=nbits, relevance=relevance, n_labels=n_labels, chunk_rows=chunk_rows,
+        query_chunk_rows=query_chunk_rows, overwrite=overwrite, extra_attrs={"synth": params},
+    ) as writer:
+        gen.write(writer, "database", n_database)
+        gen.write(writer, "queries", n_queries)
+    return writer.url
+
+
+# -- digits -------------------------------------------------------------------
+
+
+def _pca_directions(x: np.ndarray, k: int) -> np.ndarray:
+    """Top-k principal directions (columns) of centred data x, with a deterministic sign."""
+    _, _, vt = np.linalg.svd(x, full_matrices=False)
+    p = vt[:k].T
+    flip = np.sign(p[np.argmax(np.abs(p), axis=0), np.arange(k)])
+    return p * np.where(flip == 0, 1.0, flip)
+
+
+def _itq_rotation(v: np.ndarray, rng: np.random.Generator, iterations: int = ITQ_ITERATIONS) -> np.ndarray:
+    """Iterative Quantization (Gong & Lazebnik 2011): orthogonal R minimising ||B - VR||_F."""
+    k = v.shape[1]
+    r, _ = np.linalg.qr(rng.standard_normal((k, k)))
+    for _ in range(iterations):
+        b = np.where(v @ r >= 0, 1.0, -1.0)
+        # orthogonal Procrustes: V^T B = U S W^T  ->  R = U W^T
+        u, _, wt = np.linalg.svd(v.T @ b)
+        r = u @ wt
+    return r
+
+
+def digits_dataset(
+    out,
+    *,
+    method: str = "itq",
+    nbits: int = 32,
+    n_queries: int = 297,
+    seed: int = 0,
+    overwrite: bool = False,
+) -> str:
+    """Hash scikit-learn's bundled digits with LSH, PCAH or ITQ and write a class-labelled dataset.
+
+    A seeded permutation puts the first ``n_queries`` images in the queries and the
+    rest in the database; features are mean-centred with the database mean.
+    """
+    from sklearn.datasets import load_digits
+
+    if method not in DIGITS_METHODS:
+        raise InputError(f"--method must be one of {', '.join(DIGITS_METHODS)}, got {method!r}")
+    nbits = _int_opt(nbits, "--nbits", 1, MAX_NBITS)
+    seed = _int_opt(seed, "--seed", 0)
+    x, y = load_digits(return_X_y=True)
+    n, d = x.shape
+    n_queries = _int_opt(n_queries, "--n-queries", 1, n - 1)
+    if method in ("pcah", "itq") and nbits > d:
+        raise InputError(f"--nbits {nbits} exceeds the {d} digit features ({method} needs nbits <= {d})")
+
+    rng = np.random.default_rng(seed)
+    perm = rng.permutation(n)
+    qi, di = perm[:n_queries], perm[n_queries:]
+    mean = x[di].mean(axis=0)
+    xd, xq = x[di] - mean, x[qi] - mean
+    if method == "lsh":
+        w = rng.standard_normal((d, nbits))
+    else:
+        w = _pca_directions(xd, nbits)
+        if method == "itq":
+            w = w @ _itq_rotation(xd @ w, rng)
+    db_words = pack_bits((xd @ w > 0).astype(np.uint8))
+    q_words = pack_bits((xq @ w > 0).astype(np.uint8))
+
+    params = dict(
+        kind="digits", source="sklearn.datasets.load_digits", method=method, nbits=nbits,
+        n_queries=n_queries, n_database=len(di), seed=seed, centring="database mean",
+    )
+    if method == "itq":
+        params["itq_iterations"] = ITQ_ITERATIONS
+    with DatasetWriter(out, nbits=nbits, relevance=("class",), overwrite=overwrite,
+                       extra_attrs={"synth": params}) as writer:
+        writer.add_codes("database", db_words)
+        writer.add_labels("database", y[di].astype(np.int64))
+        writer.add_codes("queries", q_words)
+        writer.add_labels("queries", y[qi].astype(np.int64))
+    return writer.url

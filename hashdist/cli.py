@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from hashdist.errors import InputError
@@ -209,6 +210,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    # Prefect's INFO lines would drown the table; PREFECT_LOGGING_LEVEL still wins when set
+    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
     try:
         message = COMMANDS[args.command][1](args)
     except InputError as exc:

@@ -1,0 +1,55 @@
+"""Shared fixtures: small on-disk datasets with heavy ties, and one Prefect test API for the session."""
+
+import os
+
+import numpy as np
+import pytest
+
+# keep test runs quiet and self-contained
+os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+
+
+def write_inputs(directory, *, n_db=3000, n_q=70, nbits=12, kind="class", seed=0, n_classes=4, n_concepts=6):
+    """Random code/label .npy files with heavy ties (few bits, few classes); returns their paths."""
+    rng = np.random.default_rng(seed)
+    paths = {}
+    db = rng.integers(0, 2, (n_db, nbits)).astype(np.int8) * 2 - 1  # {-1,+1}
+    q = rng.integers(0, 2, (n_q, nbits)).astype(np.uint8)  # {0,1}
+    if kind == "class":
+        dbl, ql = rng.integers(0, n_classes, n_db), rng.integers(0, n_classes, n_q)
+    else:
+        dbl = (rng.random((n_db, n_concepts)) < 0.25).astype(np.uint8)
+        ql = (rng.random((n_q, n_concepts)) < 0.25).astype(np.uint8)
+    for name, arr in (("db", db), ("q", q), ("dbl", dbl), ("ql", ql)):
+        paths[name] = str(directory / f"{name}.npy")
+        np.save(paths[name], arr)
+    return paths
+
+
+def make_dataset(directory, name="data.zarr", chunk_rows=500, query_chunk_rows=16, **kw):
+    from hashdist.ingest import ingest
+
+    p = write_inputs(directory, **kw)
+    out = directory / name
+    ingest(out, p["db"], p["q"], db_labels=p["dbl"], query_labels=p["ql"], chunk_rows=chunk_rows,
+           query_chunk_rows=query_chunk_rows)
+    return str(out)
+
+
+@pytest.fixture(scope="session")
+def class_dataset(tmp_path_factory):
+    return make_dataset(tmp_path_factory.mktemp("class"))
+
+
+@pytest.fixture(scope="session")
+def multilabel_dataset(tmp_path_factory):
+    return make_dataset(tmp_path_factory.mktemp("multilabel"), kind="multilabel", nbits=65, seed=1)
+
+
+@pytest.fixture(scope="session")
+def prefect_api():
+    """A temporary Prefect API server for the whole session (prefect_test_harness)."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield

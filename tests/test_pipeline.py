@@ -1,0 +1,136 @@
+"""The evaluation pipeline end to end: ingest -> dataset -> blocks -> report, local and as a Prefect flow."""
+
+import json
+
+import numpy as np
+import pytest
+
+from hashdist.api import evaluate_local
+from hashdist.bits import unpack_bits
+from hashdist.dataset import open_dataset
+from hashdist.engine import compute_histogram, make_plan
+from hashdist.ingest import append, ingest
+
+from tests.conftest import write_inputs
+
+
+def _metrics(evaluation):
+    return json.dumps(evaluation.report["metrics"], sort_keys=True)
+
+
+def test_ingest_round_trip_and_histogram_matches_brute_force(tmp_path):
+    p = write_inputs(tmp_path, n_db=700, n_q=20, nbits=70)
+    ingest(tmp_path / "d.zarr", p["db"], p["q"], db_labels=p["dbl"], query_labels=p["ql"], chunk_rows=128)
+    ds = open_dataset(tmp_path / "d.zarr")
+    db, q = np.load(p["db"]), np.load(p["q"])
+    assert (unpack_bits(ds.codes("database", 0, ds.n_database), 70) == (db == 1)).all()
+    assert (unpack_bits(ds.codes("queries", 0, ds.n_queries), 70) == q).all()
+    plan = make_plan(ds, db_block_rows=256)
+    assert len(plan.histogram_blocks) == 3  # 700 rows in blocks of 2 chunks of 128
+    H = sum(compute_histogram(plan, b) for b in plan.histogram_blocks)
+    dist = ((q[:, None, :] == 1) != (db[None, :, :] == 1)).sum(-1)
+    rel = np.load(p["ql"])[:, None] == np.load(p["dbl"])[None, :]
+    expected = np.zeros_like(H)
+    np.add.at(expected, (np.arange(20)[:, None].repeat(700, 1), dist, rel.astype(int)), 1)
+    assert (H == expected).all()
+
+
+def test_packed_ingest_equals_unpacked(tmp_path):
+    p = write_inputs(tmp_path, n_db=300, n_q=10, nbits=13)
+    packed_db = np.packbits(np.load(p["db"]) == 1, axis=1)
+    packed_q = np.packbits(np.load(p["q"]) == 1, axis=1)
+    np.save(tmp_path / "pdb.npy", packed_db)
+    np.save(tmp_path / "pq.npy", packed_q)
+    ingest(tmp_path / "a.zarr", p["db"], p["q"], db_labels=p["dbl"], query_labels=p["ql"])
+    ingest(tmp_path / "b.zarr", tmp_path / "pdb.npy", tmp_path / "pq.npy", db_labels=p["dbl"], query_labels=p["ql"],
+           packed=True, nbits=13)
+    assert open_dataset(tmp_path / "a.zarr").fingerprint == open_dataset(tmp_path / "b.zarr").fingerprint
+
+
+@pytest.mark.parametrize("blocks", [(16, 500), (32, 1000), (1024, 4096)])
+def test_block_size_invariance(class_dataset, blocks):
+    base = evaluate_local(class_dataset, cache=False, threads=1)
+    other = evaluate_local(class_dataset, cache=False, threads=2, query_block_rows=blocks[0], db_block_rows=blocks[1])
+    assert _metrics(base) == _metrics(other)
+
+
+def test_multilabel_graded_evaluation_runs_and_is_block_invariant(multilabel_dataset):
+    a = evaluate_local(multilabel_dataset, cache=False, query_block_rows=16, db_block_rows=500, max_grade=3)
+    b = evaluate_local(multilabel_dataset, cache=False, query_block_rows=64, db_block_rows=3000, max_grade=3)
+    assert _metrics(a) == _metrics(b)
+    assert a.report["dataset"]["relevance"] == "multilabel"
+    ndcg = a.report["metrics"]["ndcg_at_k"]["10"]
+    assert ndcg["worst"] <= ndcg["expected"] <= ndcg["best"]
+
+
+def test_rerun_computes_nothing_and_corrupt_cache_entries_are_recomputed(class_dataset, tmp_path):
+    cache = tmp_path / "cache"
+    first = evaluate_local(class_dataset, cache=cache, query_block_rows=16, db_block_rows=1000)
+    assert first.report["blocks"]["computed"] == first.report["blocks"]["total"] > 1
+    again = evaluate_local(class_dataset, cache=cache, query_block_rows=16, db_block_rows=1000)
+    assert again.report["blocks"]["computed"] == 0 and again.report["blocks"]["cached"] == first.report["blocks"]["total"]
+    assert _metrics(first) == _metrics(again)
+    victim = sorted(cache.rglob("*.npz"))[0]
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    victim.write_bytes(bytes(data))
+    third = evaluate_local(class_dataset, cache=cache, query_block_rows=16, db_block_rows=1000)
+    assert _metrics(third) == _metrics(first)
+    assert third.report["blocks"]["computed"] <= 1  # the corrupted entry (if it was a histogram) and nothing else
+
+
+def test_append_computes_only_new_blocks_and_matches_fresh_ingest(tmp_path):
+    p = write_inputs(tmp_path, n_db=3000, n_q=40)
+    db, dbl = np.load(p["db"]), np.load(p["dbl"])
+    np.save(tmp_path / "db_head.npy", db[:2000])
+    np.save(tmp_path / "dbl_head.npy", dbl[:2000])
+    np.save(tmp_path / "db_tail.npy", db[2000:])
+    np.save(tmp_path / "dbl_tail.npy", dbl[2000:])
+    grown = tmp_path / "grown.zarr"
+    ingest(grown, tmp_path / "db_head.npy", p["q"], db_labels=tmp_path / "dbl_head.npy", query_labels=p["ql"],
+           chunk_rows=500, query_chunk_rows=16)
+    cache = tmp_path / "cache"
+    opts = dict(cache=cache, query_block_rows=16, db_block_rows=500)
+    evaluate_local(grown, **opts)
+    append(grown, tmp_path / "db_tail.npy", tmp_path / "dbl_tail.npy")
+    after = evaluate_local(grown, **opts)
+    n_qblocks = 3  # 40 queries in blocks of 16
+    assert after.report["blocks"]["computed"] == n_qblocks * 2  # the two new 500-row database blocks
+    fresh = tmp_path / "fresh.zarr"
+    ingest(fresh, p["db"], p["q"], db_labels=p["dbl"], query_labels=p["ql"], chunk_rows=500, query_chunk_rows=16)
+    assert open_dataset(fresh).fingerprint == open_dataset(grown).fingerprint
+    same = evaluate_local(fresh, **opts)
+    assert same.report["blocks"]["computed"] == 0  # identical content, other path: all cached
+    assert _metrics(same) == _metrics(after)
+
+
+def test_explicit_ground_truth_equals_class_labels(tmp_path):
+    p = write_inputs(tmp_path, n_db=800, n_q=30)
+    dbl, ql = np.load(p["dbl"]), np.load(p["ql"])
+    lists = [np.flatnonzero(dbl == c) for c in ql]
+    indptr = np.r_[0, np.cumsum([len(x) for x in lists])]
+    np.savez(tmp_path / "rel.npz", indptr=indptr, indices=np.concatenate(lists))
+    ingest(tmp_path / "e.zarr", p["db"], p["q"], query_relevant=tmp_path / "rel.npz", chunk_rows=200,
+           query_chunk_rows=16)
+    ingest(tmp_path / "c.zarr", p["db"], p["q"], db_labels=p["dbl"], query_labels=p["ql"], chunk_rows=200,
+           query_chunk_rows=16)
+    e = evaluate_local(tmp_path / "e.zarr", cache=False, db_block_rows=200, query_block_rows=16)
+    c = evaluate_local(tmp_path / "c.zarr", cache=False, db_block_rows=400, query_block_rows=32)
+    assert e.report["dataset"]["relevance"] == "explicit"
+    assert _metrics(e) == _metrics(c)
+
+
+def test_report_outputs(class_dataset, tmp_path):
+    ev = evaluate_local(class_dataset, cache=False)
+    out = ev.write(tmp_path / "report")
+    report = json.loads((out / "report.json").read_text())
+    for key in ("metrics", "queries", "dataset", "parameters", "provenance", "blocks", "timing", "throughput"):
+        assert key in report
+    assert set(report["metrics"]["map"]) == {"expected", "best", "worst"}
+    assert "retrieved" in report["metrics"]["map_at_k"]["10"]
+    html = (out / "report.html").read_text()
+    assert html.count("data:image/png;base64,") == 5
+    import zarr
+
+    per_query = zarr.open_group(str(out / "per_query.zarr"), mode="r")
+    assert per_query["ap.expected"].shape == (report["queries"]["total"],)

@@ -154,6 +154,7 @@ def run_evaluation(dataset, *, out=None, overwrite=False, html=True, cache=None,
     """Validate the inputs here (bad input fails before any cluster starts), then run the flow."""
     started_at = time.time()
     prepare(dataset, **options)
+    cache = cache if cache is None or cache is False else str(cache)
     runner = task_runner(address, cluster_class, cluster_kwargs, workers, threads)
     return evaluate.with_options(task_runner=runner)(
         dataset=str(dataset), out=None if out is None else str(out), overwrite=overwrite, html=html, cache=cache,

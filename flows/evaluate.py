@@ -12,6 +12,7 @@ Run it through ``hashdist evaluate`` or :func:`run_evaluation`; deploy the flow
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -70,7 +71,27 @@ def _publish_artifacts(report: dict) -> None:
                                  description="HTML report with plots")
 
 
-@flow(name="evaluate", persist_result=False, log_prints=True)
+def task_runner(address=None, cluster_class=None, cluster_kwargs=None, workers=None, threads=None) -> DaskTaskRunner:
+    """An existing cluster (address), a per-run cluster (cluster_class), or the embedded LocalCluster of threads.
+
+    Unset arguments fall back to $HASHDIST_DASK_ADDRESS, $HASHDIST_CLUSTER_CLASS and
+    $HASHDIST_CLUSTER_KWARGS (JSON): that is how a deployed, scheduled run finds its cluster.
+    """
+    address = address or os.environ.get("HASHDIST_DASK_ADDRESS")
+    cluster_class = cluster_class or os.environ.get("HASHDIST_CLUSTER_CLASS")
+    if cluster_kwargs is None and os.environ.get("HASHDIST_CLUSTER_KWARGS"):
+        cluster_kwargs = json.loads(os.environ["HASHDIST_CLUSTER_KWARGS"])
+    if address:
+        return DaskTaskRunner(address=address)
+    if cluster_class:
+        return DaskTaskRunner(cluster_class=cluster_class, cluster_kwargs=cluster_kwargs or {})
+    # threads: the kernels release the GIL, and a thread worker needs no Prefect server of its own
+    kwargs = {"n_workers": workers or 1, "threads_per_worker": threads or os.cpu_count() or 1, "processes": False,
+              "dashboard_address": None}
+    return DaskTaskRunner(cluster_kwargs={**kwargs, **(cluster_kwargs or {})})
+
+
+@flow(name="evaluate", persist_result=False, log_prints=True, task_runner=task_runner())
 def evaluate(
     dataset: str,
     out: str | None = None,
@@ -135,18 +156,6 @@ def evaluate(
         evaluation.write(out, overwrite=overwrite, html=html, started_at=started_at)
     _publish_artifacts(report)
     return evaluation
-
-
-def task_runner(address=None, cluster_class=None, cluster_kwargs=None, workers=None, threads=None) -> DaskTaskRunner:
-    """An existing cluster (address), a per-run cluster (cluster_class), or the embedded LocalCluster of threads."""
-    if address:
-        return DaskTaskRunner(address=address)
-    if cluster_class:
-        return DaskTaskRunner(cluster_class=cluster_class, cluster_kwargs=cluster_kwargs or {})
-    # threads: the kernels release the GIL, and a thread worker needs no Prefect server of its own
-    kwargs = {"n_workers": workers or 1, "threads_per_worker": threads or os.cpu_count() or 1, "processes": False,
-              "dashboard_address": None}
-    return DaskTaskRunner(cluster_kwargs={**kwargs, **(cluster_kwargs or {})})
 
 
 def run_evaluation(dataset, *, out=None, overwrite=False, html=True, cache=None, address=None, cluster_class=None,

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Start a Dask scheduler and N worker processes on 127.0.0.1 for local multi-process runs:
+#   deploy/local-cluster.sh 2 8786        # 2 workers, scheduler on tcp://127.0.0.1:8786
+#   hashdist evaluate data.zarr --out report --address tcp://127.0.0.1:8786
+# Ctrl-C (or killing this script) stops all of them. Everything binds to loopback only.
+# Process workers run Prefect tasks and need a Prefect API: start `prefect server start --host 127.0.0.1`
+# and export PREFECT_API_URL=http://127.0.0.1:4200/api before running this script, or each worker
+# starts its own temporary API (about 10 s each).
+set -euo pipefail
+workers=${1:-2}
+port=${2:-8786}
+threads=${THREADS_PER_WORKER:-1}
+bin=$(dirname "$(command -v dask || echo ./.venv/bin/dask)")
+pids=()
+trap 'kill "${pids[@]}" 2>/dev/null || true; wait' EXIT INT TERM
+"$bin/dask" scheduler --host 127.0.0.1 --port "$port" --no-dashboard &
+pids+=($!)
+for _ in $(seq 1 "$workers"); do
+  "$bin/dask" worker "tcp://127.0.0.1:$port" --host 127.0.0.1 --nthreads "$threads" --no-dashboard &
+  pids+=($!)
+done
+echo "scheduler tcp://127.0.0.1:$port with $workers workers x $threads threads; Ctrl-C to stop" >&2
+wait

@@ -1,0 +1,72 @@
+"""deploy/prefect.yaml works: a real `prefect server` on 127.0.0.1, the nightly deployment on a process
+work pool, a triggered run executed by a worker, and the report it writes."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from hashdist.api import evaluate_local
+from hashdist.report import json_safe
+
+from tests.test_flow import free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+PREFECT = str(Path(sys.executable).parent / "prefect")
+
+
+@pytest.fixture
+def prefect_server(tmp_path):
+    port = free_port()
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect-home"),
+           "PREFECT_API_URL": f"http://127.0.0.1:{port}/api", "PREFECT_LOGGING_LEVEL": "WARNING",
+           "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    log = open(tmp_path / "server.log", "w")
+    server = subprocess.Popen([PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+                              env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/api/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert server.poll() is None, (tmp_path / "server.log").read_text()[-2000:]
+            assert time.monotonic() < deadline, "prefect server did not become healthy in 120 s"
+            time.sleep(0.5)
+        yield env
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+        log.close()
+
+
+def _prefect(env, *args, timeout=180):
+    out = subprocess.run([PREFECT, *args], env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    assert out.returncode == 0, f"prefect {' '.join(args)} failed:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
+    return out.stdout
+
+
+def test_nightly_deployment_runs_on_a_process_worker(prefect_server, class_dataset, tmp_path):
+    env = prefect_server
+    _prefect(env, "work-pool", "create", "hashdist-process", "--type", "process")
+    _prefect(env, "--no-prompt", "deploy", "--prefect-file", "deploy/prefect.yaml", "--all")
+    inspected = _prefect(env, "deployment", "inspect", "evaluate/nightly")
+    assert "0 2 * * *" in inspected and "hashdist-process" in inspected
+    out = tmp_path / "nightly-report"
+    _prefect(env, "deployment", "run", "evaluate/nightly", "--param", f"dataset={class_dataset}",
+             "--param", f"out={out}", "--param", f"cache={tmp_path / 'cache'}")
+    _prefect(env, "worker", "start", "--pool", "hashdist-process", "--run-once", timeout=300)
+    report = json.loads((out / "report.json").read_text())
+    local = evaluate_local(class_dataset, cache=False)
+    assert report["metrics"] == json_safe(local.report["metrics"])
+    assert report["engine"]["kind"] == "prefect-dask"

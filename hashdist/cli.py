@@ -209,7 +209,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exc:  # --help, or a usage error already reported in one line
+        return int(exc.code or 0)
     # Prefect's INFO lines would drown the table; PREFECT_LOGGING_LEVEL still wins when set
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
     try:

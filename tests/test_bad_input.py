@@ -1,0 +1,149 @@
+"""Bad input: one line naming the problem, exit status 2, no traceback, nothing written."""
+
+import pickle
+
+import numpy as np
+import pytest
+
+from hashdist.cli import main
+from tests.conftest import write_inputs
+
+
+def run_cli(capsys, *argv):
+    status = main([str(a) for a in argv])
+    err = capsys.readouterr().err
+    return status, err
+
+
+def assert_refused(capsys, args, needle, not_created=None):
+    status, err = run_cli(capsys, *args)
+    assert status == 2, err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert needle in lines[0], lines[0]
+    if not_created is not None:
+        assert not not_created.exists()
+        assert not list(not_created.parent.glob(f".{not_created.name}.tmp-*"))
+
+
+@pytest.fixture
+def files(tmp_path):
+    return write_inputs(tmp_path, n_db=200, n_q=10, nbits=8)
+
+
+def _ingest(files, out, **override):
+    args = {"--db-codes": files["db"], "--query-codes": files["q"], "--db-labels": files["dbl"],
+            "--query-labels": files["ql"], **override}
+    argv = ["ingest", "--out", out]
+    for k, v in args.items():
+        if v is not None:
+            argv += [k, v]
+    return [str(a) for a in argv]
+
+
+@pytest.mark.parametrize(
+    "case, make, needle",
+    [
+        ("different bit lengths", lambda d: np.zeros((10, 9), np.uint8), "queries have 9 bits"),
+        ("values outside", lambda d: np.full((10, 8), 2, np.int8), "code values must be"),
+        ("NaN", lambda d: np.full((10, 8), np.nan), "NaN"),
+        ("mixed conventions", lambda d: np.array([[-1, 0, 1, 1, 0, 1, 0, 1]] * 10), "mix"),
+        ("empty", lambda d: np.zeros((0, 8), np.uint8), "empty"),
+        ("1-D codes", lambda d: np.zeros(10, np.uint8), "2-D"),
+    ],
+)
+def test_ingest_bad_query_codes(tmp_path, capsys, files, case, make, needle):
+    bad = tmp_path / "bad.npy"
+    np.save(bad, make(None))
+    out = tmp_path / "out.zarr"
+    assert_refused(capsys, _ingest(files, out, **{"--query-codes": bad}), needle, out)
+
+
+def test_ingest_label_count_mismatch(tmp_path, capsys, files):
+    np.save(tmp_path / "short.npy", np.zeros(5, np.int64))
+    out = tmp_path / "out.zarr"
+    assert_refused(capsys, _ingest(files, out, **{"--db-labels": tmp_path / "short.npy"}), "5 labels but 200 codes",
+                   out)
+
+
+def test_ingest_refuses_pickles(tmp_path, capsys, files):
+    obj = np.empty(10, dtype=object)
+    np.save(tmp_path / "obj.npy", obj, allow_pickle=True)
+    out = tmp_path / "out.zarr"
+    assert_refused(capsys, _ingest(files, out, **{"--db-labels": tmp_path / "obj.npy"}), "pickle", out)
+    (tmp_path / "evil.npy").write_bytes(pickle.dumps({"x": 1}))
+    assert_refused(capsys, _ingest(files, out, **{"--db-codes": tmp_path / "evil.npy"}), "evil.npy", out)
+
+
+def test_ingest_missing_file_and_existing_output(tmp_path, capsys, files):
+    out = tmp_path / "out.zarr"
+    assert_refused(capsys, _ingest(files, out, **{"--db-codes": tmp_path / "nope.npy"}), "no such file", out)
+    assert main(_ingest(files, out)) == 0
+    before = sorted(p.name for p in out.rglob("*"))
+    assert_refused(capsys, _ingest(files, out), "exists")
+    assert sorted(p.name for p in out.rglob("*")) == before
+
+
+def test_ingest_bad_explicit_ground_truth(tmp_path, capsys, files):
+    np.savez(tmp_path / "rel.npz", indptr=np.array([0, 3, 2] + [3] * 8), indices=np.array([1, 2, 3]))
+    out = tmp_path / "out.zarr"
+    args = _ingest(files, out, **{"--db-labels": None, "--query-labels": None, "--query-relevant": tmp_path / "rel.npz"})
+    assert_refused(capsys, args, "not monotone", out)
+    np.savez(tmp_path / "rel.npz", indptr=np.array([0, 1] + [1] * 9), indices=np.array([500]))
+    assert_refused(capsys, args, "out of range", out)
+
+
+@pytest.fixture
+def dataset(tmp_path, files):
+    out = tmp_path / "data.zarr"
+    assert main(_ingest(files, out)) == 0
+    return out
+
+
+@pytest.mark.parametrize(
+    "extra, needle",
+    [
+        (["--k", "0"], "--k"),
+        (["--radius", "9"], "--radius"),
+        (["--radius", "-1"], "--radius"),
+        (["--beta", "0"], "--beta"),
+        (["--relevance", "explicit"], "supports only class"),
+        (["--cluster-kwargs", "{bad json"], "--cluster-kwargs"),
+        (["--metric", "foo"], "unrecognized arguments"),
+    ],
+)
+def test_evaluate_bad_options(tmp_path, capsys, dataset, extra, needle):
+    out = tmp_path / "report"
+    assert_refused(capsys, ["evaluate", dataset, "--out", out, "--engine", "local", *extra], needle, out)
+
+
+def test_evaluate_missing_or_foreign_dataset(tmp_path, capsys):
+    out = tmp_path / "report"
+    assert_refused(capsys, ["evaluate", tmp_path / "missing.zarr", "--out", out], "no such dataset", out)
+    (tmp_path / "plain").mkdir()
+    assert_refused(capsys, ["evaluate", tmp_path / "plain", "--out", out], "not a", out)
+
+
+def test_evaluate_refuses_foreign_output_directory(tmp_path, capsys, dataset):
+    out = tmp_path / "mydir"
+    out.mkdir()
+    (out / "precious.txt").write_text("keep me")
+    assert_refused(capsys, ["evaluate", dataset, "--out", out, "--engine", "local"], "not a hashdist report")
+    assert (out / "precious.txt").read_text() == "keep me"
+
+
+def test_corrupted_chunk_is_named(tmp_path, capsys, dataset):
+    chunk = sorted((dataset / "database" / "codes").rglob("c/*/*"))[0]
+    data = bytearray(chunk.read_bytes())
+    data[-1] ^= 0xFF
+    chunk.write_bytes(bytes(data))
+    out = tmp_path / "report"
+    assert_refused(capsys, ["evaluate", dataset, "--out", out, "--engine", "local", "--no-cache"],
+                   "database/codes", out)
+
+
+def test_synth_bad_option(tmp_path, capsys):
+    out = tmp_path / "s.zarr"
+    assert_refused(capsys, ["synth", "--n-database", "100", "--n-queries", "10", "--noise", "2", "--out", out],
+                   "--noise", out)
+    assert_refused(capsys, ["synth", "--preset", "nope", "--out", out], "--preset", out)

@@ -52,7 +52,7 @@ def ball_size(nbits: int, radius: int) -> int:
 # -- hash table over code rows (open addressing, linear probing) ---------------
 
 
-@njit(nogil=True, inline="always")
+@njit(nogil=True, inline="always", cache=True)
 def _mix(codes_row):
     h = np.uint64(0x9E3779B97F4A7C15)
     for w in range(codes_row.shape[0]):
@@ -63,7 +63,7 @@ def _mix(codes_row):
     return h
 
 
-@njit(nogil=True)
+@njit(nogil=True, cache=True)
 def _build_table(codes, capacity):
     slots = np.full(capacity, -1, dtype=np.int64)
     mask = np.uint64(capacity - 1)
@@ -75,7 +75,7 @@ def _build_table(codes, capacity):
     return slots
 
 
-@njit(nogil=True, inline="always")
+@njit(nogil=True, inline="always", cache=True)
 def _lookup(slots, codes, key):
     mask = np.uint64(slots.shape[0] - 1)
     s = _mix(key) & mask
@@ -92,7 +92,7 @@ def _lookup(slots, codes, key):
     return -1
 
 
-@njit(nogil=True)
+@njit(nogil=True, cache=True)
 def _max_count_by_ball(queries, codes, counts, slots, nbits, radius, out):
     """out[q, k] = largest count at distance exactly k, by flipping every k-subset of bits."""
     key = np.empty(queries.shape[1], dtype=np.uint64)
@@ -120,7 +120,7 @@ def _max_count_by_ball(queries, codes, counts, slots, nbits, radius, out):
                     pos[m] = pos[m - 1] + 1
 
 
-@njit(nogil=True)
+@njit(nogil=True, cache=True)
 def _max_count_by_scan(queries, codes, counts, radius, out):
     for q in range(queries.shape[0]):
         for u in range(codes.shape[0]):

@@ -27,6 +27,10 @@ _GRADE = {
 
 
 MAX_UNROLLED_WORDS = 4
+# Each query counts into COPIES int32 histograms, item j into copy j % COPIES: consecutive items at the
+# same distance then update different memory, so the increments do not wait on each other.
+COPIES = 2
+MAX_BLOCK_ROWS = 2**31 - 1  # int32 scratch counts
 
 
 def _kernel_source(kind: str, words: int, tile: int, ncols: int) -> str:
@@ -48,19 +52,27 @@ def _kernel_source(kind: str, words: int, tile: int, ncols: int) -> str:
 def kernel(qc, qr, dc, dr, H):
     Q = qc.shape[0]
     N = dc.shape[0]
+    nb = H.shape[1]
+    scratch = np.zeros(({tile}, {COPIES} * nb), dtype=np.int32)
     for q in range(0, Q - Q % {tile}, {tile}):
 {per_query(code)}
 {per_query("l{t} = " + label)}
-{per_query("h{t} = H[q + {t}]")}
+{per_query("h{t} = scratch[{t}]")}
+        scratch[:] = 0
         for j in range(N):
             {item}
             lab = {label_item}
-{per_query(f"h{{t}}[({dist}) * {ncols} + {grade}] += 1", indent=12)}
+            copy = (j & {COPIES - 1}) * nb
+{per_query(f"h{{t}}[copy + ({dist}) * {ncols} + {grade}] += 1", indent=12)}
+        for t in range({tile}):
+            for c in range({COPIES}):
+                for b in range(nb):
+                    H[q + t, b] += scratch[t, c * nb + b]
 """
 
 
 def _compile(kind: str, words: int, tile: int, ncols: int):
-    namespace = {"popcount64": popcount64, "hamming": hamming, "common_bits": common_bits}
+    namespace = {"np": np, "popcount64": popcount64, "hamming": hamming, "common_bits": common_bits}
     exec(_kernel_source(kind, words, tile, ncols), namespace)
     return njit(nogil=True, boundscheck=False)(namespace["kernel"])
 

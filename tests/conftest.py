@@ -7,6 +7,7 @@ import pytest
 
 # keep test runs quiet and self-contained
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
 
 
 def write_inputs(directory, *, n_db=3000, n_q=70, nbits=12, kind="class", seed=0, n_classes=4, n_concepts=6):

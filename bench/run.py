@@ -1,0 +1,257 @@
+"""hashdist benchmarks, side by side with faiss and the usual numpy evaluation, in one run.
+
+    .venv/bin/pip install -q -e '.[bench]' && .venv/bin/python bench/run.py [--quick]
+
+Writes bench/results/<date>.json and bench/results/<date>.md. Not part of the test suite.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+BIN = Path(sys.executable).parent
+
+
+def clustered_codes(rng, n, nbits, n_classes=24, noise=0.15):
+    """Codes around class centres (like learned codes), with their class labels."""
+    centres = rng.integers(0, 2, (n_classes, nbits), dtype=np.uint8)
+    labels = rng.integers(0, n_classes, n)
+    bits = centres[labels] ^ (rng.random((n, nbits)) < noise)
+    return bits.astype(np.uint8), labels
+
+
+def best_of(fn, repeats=3):
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return min(times)
+
+
+def bench_kernels(n_db, n_q):
+    from hashdist.bits import pack_bits
+    from hashdist.kernels.histogram import histogram_block
+
+    rng = np.random.default_rng(0)
+    rows = []
+    for nbits in (64, 128):
+        db_bits, db_lab = clustered_codes(rng, n_db, nbits)
+        q_bits, q_lab = clustered_codes(rng, n_q, nbits)
+        dc, qc = pack_bits(db_bits), pack_bits(q_bits)
+        multi_db = pack_bits((rng.random((n_db, 24)) < 0.08) | (np.arange(24) == db_lab[:, None]))
+        multi_q = pack_bits((rng.random((n_q, 24)) < 0.08) | (np.arange(24) == q_lab[:, None]))
+        for kind, qr, dr in (("class", q_lab, db_lab), ("multilabel", multi_q, multi_db)):
+            histogram_block(qc[:16], dc[:16], nbits, kind, qr[:16], dr[:16], max_grade=8)  # compile
+            for threads in (1, 2):
+                parts = np.array_split(np.arange(n_q), threads)
+
+                def run():
+                    with ThreadPoolExecutor(threads) as pool:
+                        list(pool.map(lambda p: histogram_block(qc[p], dc, nbits, kind, qr[p], dr, max_grade=8), parts))
+
+                secs = best_of(run)
+                rows.append({"engine": "hashdist histogram", "nbits": nbits, "relevance": kind, "threads": threads,
+                             "pairs": n_q * n_db, "seconds": secs, "pairs_per_s": n_q * n_db / secs})
+        if nbits == 64:
+            rows += bench_faiss(qc, dc, n_q, n_db)
+    return rows
+
+
+def bench_faiss(qc, dc, n_q, n_db):
+    try:
+        import faiss
+    except ImportError:
+        return [{"engine": "faiss hammings", "error": "faiss-cpu not installed (pip install -e '.[bench]')"}]
+    qb = np.ascontiguousarray(qc).view(np.uint8)
+    db = np.ascontiguousarray(dc).view(np.uint8)
+    rows = []
+    step = max(1, (1 << 26) // n_db)  # distance matrix chunks of <= 64M int32
+    dis = np.empty((step, n_db), dtype=np.int32)
+    for threads in (1, 2):
+        faiss.omp_set_num_threads(threads)
+
+        def run():
+            for s in range(0, n_q, step):
+                m = min(step, n_q - s)
+                faiss.hammings(faiss.swig_ptr(qb[s : s + m]), faiss.swig_ptr(db), m, n_db, qb.shape[1],
+                               faiss.swig_ptr(dis))
+
+        secs = best_of(run)
+        rows.append({"engine": "faiss hammings (distances only)", "nbits": 64, "relevance": "-", "threads": threads,
+                     "pairs": n_q * n_db, "seconds": secs, "pairs_per_s": n_q * n_db / secs})
+    return rows
+
+
+def bench_numpy_eval(n_db, n_q, k=1000):
+    """The learning-to-hash evaluation: +-1 dot products, argsort per query, AP@K (CalcTopMap)."""
+    rng = np.random.default_rng(1)
+    db_bits, db_lab = clustered_codes(rng, n_db, 64)
+    q_bits, q_lab = clustered_codes(rng, n_q, 64)
+    B = (db_bits.astype(np.float32) * 2 - 1)
+    Qs = (q_bits.astype(np.float32) * 2 - 1)
+
+    def run():
+        aps = []
+        for i in range(n_q):
+            ham = 0.5 * (64 - B @ Qs[i])
+            order = np.argsort(ham)
+            gnd = (db_lab[order[:k]] == q_lab[i]).astype(np.float64)
+            hits = gnd.sum()
+            if hits:
+                pos = np.flatnonzero(gnd) + 1
+                aps.append(np.mean(np.arange(1, hits + 1) / pos))
+        return aps
+
+    secs = best_of(run, repeats=1)
+    rows = [{"engine": "numpy +-1 dot + argsort + AP@K", "nbits": 64, "relevance": "class", "threads": 1,
+             "pairs": n_q * n_db, "seconds": secs, "pairs_per_s": n_q * n_db / secs}]
+    from sklearn.metrics import average_precision_score
+
+    n_sk = max(1, n_q // 5)
+
+    def run_sklearn():
+        for i in range(n_sk):
+            ham = 0.5 * (64 - B @ Qs[i])
+            average_precision_score(db_lab == q_lab[i], -ham)
+
+    secs = best_of(run_sklearn, repeats=1)
+    rows.append({"engine": "sklearn average_precision_score", "nbits": 64, "relevance": "class", "threads": 1,
+                 "pairs": n_sk * n_db, "seconds": secs, "pairs_per_s": n_sk * n_db / secs})
+    return rows
+
+
+def run_timed(cmd, env=None):
+    """Run a command; return (seconds, peak RSS of that process in MiB)."""
+    t = time.perf_counter()
+    out = subprocess.run(["/usr/bin/time", "-f", "%M", *cmd], capture_output=True, text=True, env=env)
+    secs = time.perf_counter() - t
+    if out.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed:\n{out.stderr[-2000:]}")
+    return secs, int(out.stderr.strip().splitlines()[-1]) / 1024
+
+
+def bench_end_to_end(work: Path, preset_kwargs: dict):
+    from hashdist.synth import synth_dataset
+
+    data = work / "flickr.zarr"
+    synth_dataset(data, overwrite=True, **preset_kwargs)
+    rows = []
+    env = {**os.environ, "PREFECT_LOGGING_LEVEL": "WARNING"}
+    for label, engine in (("cold, new process, flow", "flow"), ("new process, local threads", "local")):
+        out = work / f"report-{engine}"
+        secs, rss = run_timed([str(BIN / "hashdist"), "evaluate", str(data), "--out", str(out), "--no-cache",
+                               "--quiet", "--overwrite", "--engine", engine], env)
+        rep = json.loads((out / "report.json").read_text())
+        rows.append({"run": label, "process_s": secs, "peak_rss_mib": rss, **rep["timing"], **rep["throughput"]})
+    # warm: Prefect's API and the Dask cluster already up, numba compiled, in one process
+    code = f"""
+import json, time, resource
+from distributed import LocalCluster
+from flows.evaluate import run_evaluation
+cluster = LocalCluster(n_workers=1, threads_per_worker={os.cpu_count()}, processes=False, dashboard_address=None)
+run_evaluation({str(data)!r}, cache=False, address=cluster.scheduler_address)
+ev = run_evaluation({str(data)!r}, cache=False, address=cluster.scheduler_address)
+print(json.dumps({{**ev.report["timing"], **ev.report["throughput"],
+                   "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}}))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    if out.returncode != 0:
+        raise RuntimeError(out.stderr[-3000:])
+    rows.append({"run": "warm (API + cluster up, second run)", **json.loads(out.stdout.strip().splitlines()[-1])})
+    return rows
+
+
+def bench_scaling(work: Path, sizes_db, sizes_q):
+    from hashdist.synth import synth_dataset
+
+    rows = []
+    env = {**os.environ, "PREFECT_LOGGING_LEVEL": "WARNING"}
+    for n_db in sizes_db:
+        for n_q in sizes_q:
+            data = work / f"scale-{n_db}-{n_q}.zarr"
+            synth_dataset(data, n_database=n_db, n_queries=n_q, nbits=64, labels="multilabel", n_concepts=24,
+                          overwrite=True)
+            out = work / "scale-report"
+            secs, rss = run_timed([str(BIN / "hashdist"), "evaluate", str(data), "--out", str(out), "--no-cache",
+                                   "--quiet", "--overwrite", "--engine", "local", "--no-html"], env)
+            rep = json.loads((out / "report.json").read_text())
+            rows.append({"n_database": n_db, "n_queries": n_q, "process_s": secs, "peak_rss_mib": rss,
+                         "compute_s": rep["timing"]["compute_s"], "pairs_per_s_compute": n_db * n_q /
+                         rep["timing"]["compute_s"]})
+    return rows
+
+
+def markdown(results) -> str:
+    lines = [f"# hashdist benchmarks, {results['date']}", "", f"machine: {results['machine']}", ""]
+    lines += ["## Kernel throughput (query-item pairs per second)", "",
+              "| engine | bits | relevance | threads | pairs/s |", "| --- | --- | --- | --- | --- |"]
+    for r in results["kernels"] + results["baselines"]:
+        if "error" in r:
+            lines.append(f"| {r['engine']} | - | - | - | {r['error']} |")
+        else:
+            lines.append(f"| {r['engine']} | {r['nbits']} | {r['relevance']} | {r['threads']} | {r['pairs_per_s']:.3g} |")
+    lines += ["", "## End to end, Flickr-1M-like preset", "",
+              "| run | wall s | startup | compute | reduce | metrics | write | pairs/s | peak RSS MiB |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in results["end_to_end"]:
+        lines.append(f"| {r['run']} | {r['wall_s']:.1f} | {r['startup_s']:.1f} | {r['compute_s']:.1f} | "
+                     f"{r['reduce_s']:.2f} | {r['metrics_s']:.1f} | {r.get('write_s', 0):.1f} | "
+                     f"{r['pairs_per_s']:.3g} | {r['peak_rss_mib']:.0f} |")
+    lines += ["", "## Scaling (local engine, new process each)", "",
+              "| N | Q | process s | compute s | compute pairs/s | peak RSS MiB |", "| --- | --- | --- | --- | --- | --- |"]
+    for r in results["scaling"]:
+        lines.append(f"| {r['n_database']} | {r['n_queries']} | {r['process_s']:.1f} | {r['compute_s']:.1f} | "
+                     f"{r['pairs_per_s_compute']:.3g} | {r['peak_rss_mib']:.0f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="small sizes, to check the script runs")
+    ap.add_argument("--out", default=str(HERE / "results"))
+    a = ap.parse_args()
+    if a.quick:
+        n_db, n_q, preset = 1 << 16, 256, dict(n_database=100_000, n_queries=1_000, nbits=64, labels="multilabel")
+        scale_db, scale_q = (50_000, 100_000), (200, 400)
+    else:
+        n_db, n_q = 1 << 20, 2048
+        preset = dict(n_database=1_000_000, n_queries=10_000, nbits=64, labels="multilabel", n_concepts=24)
+        scale_db, scale_q = (250_000, 500_000, 1_000_000), (1_000, 5_000, 10_000)
+    results = {"date": dt.date.today().isoformat(), "machine": f"{os.cpu_count()} cores, {os.uname().machine}",
+               "quick": a.quick}
+    print("kernels ...", file=sys.stderr)
+    rows = bench_kernels(n_db, n_q)
+    results["kernels"] = [r for r in rows if r.get("engine") == "hashdist histogram"]
+    results["baselines"] = [r for r in rows if r.get("engine") != "hashdist histogram"]
+    print("numpy / sklearn evaluation ...", file=sys.stderr)
+    results["baselines"] += bench_numpy_eval(n_db, 20 if not a.quick else 5)
+    with tempfile.TemporaryDirectory(prefix="hashdist-bench-") as tmp:
+        print("end to end ...", file=sys.stderr)
+        results["end_to_end"] = bench_end_to_end(Path(tmp), preset)
+        print("scaling ...", file=sys.stderr)
+        results["scaling"] = bench_scaling(Path(tmp), scale_db, scale_q)
+    results["peak_rss_bench_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = results["date"] + ("-quick" if a.quick else "")
+    (out / f"{stem}.json").write_text(json.dumps(results, indent=2))
+    (out / f"{stem}.md").write_text(markdown(results))
+    print(markdown(results))
+
+
+if __name__ == "__main__":
+    main()

@@ -88,3 +88,27 @@ def test_flow_on_external_loopback_cluster_equals_single_process(class_dataset, 
     remote = run_evaluation(class_dataset, cache=False, address=address, query_block_rows=32, db_block_rows=1000)
     assert _metrics(remote) == _metrics(local)
     assert remote.report["blocks"]["computed"] == remote.report["blocks"]["total"] == 3 * 3
+
+
+def test_flow_publishes_metric_table_and_report_link_artifacts(class_dataset, tmp_path):
+    import asyncio
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    from flows.evaluate import run_evaluation
+
+    ev = run_evaluation(class_dataset, cache=False, out=tmp_path / "report")
+
+    async def read():
+        async with get_client() as client:
+            return await client.read_artifacts(
+                artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["hashdist-metrics", "hashdist-report"]))
+            )
+
+    artifacts = {a.key: a for a in asyncio.run(read())}
+    assert set(artifacts) == {"hashdist-metrics", "hashdist-report"}
+    table = artifacts["hashdist-metrics"].data
+    table = json.loads(table) if isinstance(table, str) else table
+    assert table[0]["metric"] == "mAP" and table[0]["expected"] == ev.report["metrics"]["map"]["expected"]
+    assert str(tmp_path / "report" / "report.html") in artifacts["hashdist-report"].data

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 import zlib
-from fractions import Fraction
 
 import numpy as np
 import pytest

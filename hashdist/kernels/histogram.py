@@ -27,10 +27,7 @@ _GRADE = {
 
 
 MAX_UNROLLED_WORDS = 4
-# Each query counts into COPIES int32 histograms, item j into copy j % COPIES: consecutive items at the
-# same distance then update different memory, so the increments do not wait on each other.
-COPIES = 2
-MAX_BLOCK_ROWS = 2**31 - 1  # int32 scratch counts
+MAX_BLOCK_ROWS = 2**31 - 1  # a tile counts into int32 scratch histograms
 
 
 def _kernel_source(kind: str, words: int, tile: int, ncols: int) -> str:
@@ -53,7 +50,7 @@ def kernel(qc, qr, dc, dr, H):
     Q = qc.shape[0]
     N = dc.shape[0]
     nb = H.shape[1]
-    scratch = np.zeros(({tile}, {COPIES} * nb), dtype=np.int32)
+    scratch = np.zeros(({tile}, nb), dtype=np.int32)
     for q in range(0, Q - Q % {tile}, {tile}):
 {per_query(code)}
 {per_query("l{t} = " + label)}
@@ -62,12 +59,10 @@ def kernel(qc, qr, dc, dr, H):
         for j in range(N):
             {item}
             lab = {label_item}
-            copy = (j & {COPIES - 1}) * nb
-{per_query(f"h{{t}}[copy + ({dist}) * {ncols} + {grade}] += 1", indent=12)}
+{per_query(f"h{{t}}[({dist}) * {ncols} + {grade}] += 1", indent=12)}
         for t in range({tile}):
-            for c in range({COPIES}):
-                for b in range(nb):
-                    H[q + t, b] += scratch[t, c * nb + b]
+            for b in range(nb):
+                H[q + t, b] += scratch[t, b]
 """
 
 

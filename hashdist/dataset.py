@@ -235,6 +235,19 @@ def validate_structure(ds: Dataset) -> None:
             )
     if ds.has("queries/relevant/indptr") and ds.array("queries/relevant/indptr").shape[0] != ds.n_queries + 1:
         raise InputError(f"{ds.url}: queries/relevant/indptr must have n_queries + 1 entries")
+    if _is_local(ds.url):
+        _check_chunk_files(ds)
+
+
+def _check_chunk_files(ds: Dataset) -> None:
+    """Zarr reads a missing chunk as fill values; refuse a local dataset with a chunk file missing."""
+    root = _local_path(ds.url)
+    for name, fp in ds.fingerprints.items():
+        arr = ds.array(name)
+        suffix = "/0" if arr.ndim == 2 else ""
+        for i in range(-(-fp.rows // arr.chunks[0])):
+            if not (root / name / "c" / f"{i}{suffix}").is_file():
+                raise InputError(f"{ds.url}: {name} chunk {i} is missing (damaged dataset)")
 
 
 # -- writing ----------------------------------------------------------------
@@ -329,7 +342,8 @@ class DatasetWriter:
             shape = (0,) if width is None else (0, width)
             chunks = (chunk_rows,) if width is None else (chunk_rows, width)
             arr = self.group.create_array(
-                name, shape=shape, chunks=chunks, dtype=dtype, compressors=_compressors(), fill_value=0
+                name, shape=shape, chunks=chunks, dtype=dtype, compressors=_compressors(), fill_value=0,
+                config={"write_empty_chunks": True},  # every chunk has a file, so a lost one is noticed
             )
             self.writers[name] = _ArrayWriter(arr, chunk_rows)
         return self.writers[name]
@@ -405,7 +419,8 @@ def append_database_rows(url, words: np.ndarray, labels: np.ndarray | None) -> D
     fingerprints = dict(group.attrs["fingerprints"])
     for name, block in zip(names, (words, labels)):
         fp = ds.fingerprints[name]
-        w = _ArrayWriter(group[name], fp.chunk_rows, fp.chunks, fp.rows)
+        array = zarr.open_array(store=ds.url, path=name, mode="r+", config={"write_empty_chunks": True})
+        w = _ArrayWriter(array, fp.chunk_rows, fp.chunks, fp.rows)
         w.append(block)
         fingerprints[name] = w.close().to_json()
     group.attrs["fingerprints"] = fingerprints

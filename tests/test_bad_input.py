@@ -147,3 +147,11 @@ def test_synth_bad_option(tmp_path, capsys):
     assert_refused(capsys, ["synth", "--n-database", "100", "--n-queries", "10", "--noise", "2", "--out", out],
                    "--noise", out)
     assert_refused(capsys, ["synth", "--preset", "nope", "--out", out], "--preset", out)
+
+
+def test_missing_chunk_is_named(tmp_path, capsys, dataset):
+    chunk = sorted((dataset / "database" / "labels").rglob("c/*"))[0]
+    chunk.unlink()
+    out = tmp_path / "report"
+    assert_refused(capsys, ["evaluate", dataset, "--out", out, "--engine", "local", "--no-cache"],
+                   "database/labels chunk 0 is missing", out)

@@ -106,7 +106,9 @@ def test_flow_publishes_metric_table_and_report_link_artifacts(class_dataset, tm
                 artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["hashdist-metrics", "hashdist-report"]))
             )
 
-    artifacts = {a.key: a for a in asyncio.run(read())}
+    artifacts = {}
+    for a in sorted(asyncio.run(read()), key=lambda a: a.created):  # the newest version of each key wins
+        artifacts[a.key] = a
     assert set(artifacts) == {"hashdist-metrics", "hashdist-report"}
     table = artifacts["hashdist-metrics"].data
     table = json.loads(table) if isinstance(table, str) else table

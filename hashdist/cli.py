@@ -215,6 +215,7 @@ def main(argv=None) -> int:
         return int(exc.code or 0)
     # Prefect's INFO lines would drown the table; PREFECT_LOGGING_LEVEL still wins when set
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "warning")
     # the ephemeral API takes 10-20 s to start on a loaded 2-core machine; Prefect's default limit is 20 s
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
     try:

@@ -126,8 +126,12 @@ def plots(report: dict, per_query: dict, code_counts: np.ndarray) -> dict[str, s
     fig, ax = plt.subplots(figsize=(5, 4))
     curve = m["pr_curve"]
     ax.plot([p["recall"] for p in curve], [p["precision"] for p in curve], marker="o", ms=3)
-    for p in curve[:12]:
-        ax.annotate(str(p["radius"]), (p["recall"], p["precision"]), fontsize=7, xytext=(3, 3), textcoords="offset points")
+    last = None
+    for p in curve:  # label radii where the curve has moved visibly since the last label
+        if last is None or abs(p["recall"] - last[0]) + abs(p["precision"] - last[1]) > 0.06:
+            ax.annotate(f"r={p['radius']}", (p["recall"], p["precision"]), fontsize=7, xytext=(3, 3),
+                        textcoords="offset points")
+            last = (p["recall"], p["precision"])
     ax.set(xlabel="recall (micro)", ylabel="precision (micro)", title="PR curve (labels: Hamming radius)",
            xlim=(0, 1.02), ylim=(0, 1.02))
     figs["pr_curve"] = fig

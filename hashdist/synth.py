@@ -37,7 +37,7 @@ __all__ = ["PRESETS", "synth_dataset", "digits_dataset"]
 PRESETS: dict[str, dict] = {
     "demo": dict(
         n_database=20_000, n_queries=500, nbits=64, labels="multilabel", n_concepts=24,
-        labels_per_item=1.9, noise=0.15, collision=0.0,
+        labels_per_item=1.9, noise=0.05, collision=0.2,
     ),
     "flickr1m": dict(
         n_database=1_000_000, n_queries=10_000, nbits=64, labels="multilabel", n_concepts=24,

@@ -22,9 +22,7 @@ CRC32C, so a corrupted chunk is detected when it is read.
 from __future__ import annotations
 
 import hashlib
-import os
 import shutil
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,6 +30,7 @@ import numpy as np
 import zarr
 from zarr.codecs import Crc32cCodec, ZstdCodec
 
+from hashdist.atomic import replace_directory, temporary_sibling
 from hashdist.bits import n_words
 from hashdist.errors import InputError
 
@@ -328,7 +327,7 @@ class DatasetWriter:
                 raise InputError(f"{self.url}: output exists (pass --overwrite to replace it)")
             final.parent.mkdir(parents=True, exist_ok=True)
             self._final = final
-            self._tmp = final.with_name(f".{final.name}.tmp-{uuid.uuid4().hex[:8]}")
+            self._tmp = temporary_sibling(final)
             store = str(self._tmp)
         else:
             self._final = self._tmp = None
@@ -377,13 +376,7 @@ class DatasetWriter:
         }
         self.group.attrs.update(attrs)
         if self._tmp is not None:
-            if self._final.exists():
-                old = self._final.with_name(f".{self._final.name}.old-{uuid.uuid4().hex[:8]}")
-                os.rename(self._final, old)
-                os.rename(self._tmp, self._final)
-                shutil.rmtree(old)
-            else:
-                os.rename(self._tmp, self._final)
+            replace_directory(self._tmp, self._final)
         return self.url
 
     def abort(self) -> None:

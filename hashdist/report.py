@@ -10,15 +10,14 @@ import base64
 import io
 import json
 import math
-import os
 import shutil
 import subprocess
-import uuid
 from importlib import metadata
 from pathlib import Path
 
 import numpy as np
 
+from hashdist.atomic import replace_directory, temporary_sibling
 from hashdist.errors import InputError
 
 REPORT_MARKER = "hashdist-report"
@@ -234,7 +233,7 @@ def write_outputs(
     """
     out = check_output_dir(out, overwrite)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp-{uuid.uuid4().hex[:8]}")
+    tmp = temporary_sibling(out)
     tmp.mkdir()
     try:
         report["outputs"] = {"report_json": str(out / "report.json"), "per_query": str(out / "per_query.zarr"),
@@ -245,13 +244,7 @@ def write_outputs(
         if finalize:
             finalize(report)
         (tmp / "report.json").write_text(json.dumps(json_safe(report), indent=2))
-        if out.exists():
-            old = out.with_name(f".{out.name}.old-{uuid.uuid4().hex[:8]}")
-            os.rename(out, old)
-            os.rename(tmp, out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.rename(tmp, out)
+        replace_directory(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -1,0 +1,67 @@
+"""How a method uses its code space (spec section 4; the mLGAP paper's Fig. 1 and 8).
+
+From the database's distinct-code counts (items per code, as the engine merges them)
+and the per-bit counts of set bits: the number of distinct codes, the largest bucket,
+the fraction of items sharing their code with another item, the entropy of the code
+distribution in bits (and divided by B), and each bit's mean (bit balance, 0.5 ideal).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+DEFAULT_BLOCK_ROWS = 262144
+
+
+@njit(nogil=True)
+def _bit_ones(words, out):
+    for j in range(words.shape[0]):
+        for w in range(words.shape[1]):
+            x = words[j, w]
+            i = w * 64
+            while x:
+                if x & np.uint64(1):
+                    out[i] += 1
+                x >>= np.uint64(1)
+                i += 1
+
+
+def bit_ones_block(codes_words: np.ndarray, nbits: int) -> np.ndarray:
+    """int64 (B,): how many rows of this block have bit i set (sum the blocks for the database)."""
+    words = np.ascontiguousarray(codes_words, dtype=np.uint64)
+    out = np.zeros(words.shape[1] * 64, dtype=np.int64)
+    _bit_ones(words, out)
+    return out[:nbits]
+
+
+def database_bit_ones(ds, block_rows: int = DEFAULT_BLOCK_ROWS) -> np.ndarray:
+    """bit_ones over a dataset's whole database, read in blocks of rows."""
+    total = np.zeros(ds.nbits, dtype=np.int64)
+    for start in range(0, ds.n_database, block_rows):
+        total += bit_ones_block(ds.codes("database", start, min(start + block_rows, ds.n_database)), ds.nbits)
+    return total
+
+
+def code_usage(code_counts: np.ndarray, bit_ones: np.ndarray, n_items: int, nbits: int) -> dict:
+    """Code-usage summary of a database of ``n_items`` ``nbits``-bit codes.
+
+    ``code_counts``: items per distinct code (they sum to n_items); ``bit_ones[i]``: items with bit i set.
+    Entropy is of the empirical code distribution p_c = count_c / n_items, in bits (at most min(B, log2 N)).
+    """
+    counts = np.asarray(code_counts, dtype=np.int64)
+    bit_ones = np.asarray(bit_ones, dtype=np.int64)
+    if n_items < 1 or int(counts.sum()) != n_items or bit_ones.shape != (nbits,):
+        raise ValueError(f"need code counts summing to n_items >= 1 and {nbits} bit counts")
+    p = counts[counts > 0] / n_items
+    entropy = max(0.0, -math.fsum((p * np.log2(p)).tolist()))
+    return {
+        "distinct_codes": int((counts > 0).sum()),
+        "max_bucket": int(counts.max()),
+        "collision_fraction": int(counts[counts > 1].sum()) / n_items,
+        "entropy_bits": entropy,
+        "entropy_ratio": entropy / nbits,
+        "bit_balance": (bit_ones / n_items).tolist(),
+    }

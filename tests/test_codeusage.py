@@ -1,0 +1,51 @@
+"""Code usage against plain numpy on small data."""
+
+import numpy as np
+import pytest
+
+from hashdist.bits import pack_bits
+from hashdist.codeusage import bit_ones_block, code_usage, database_bit_ones
+from hashdist.dataset import open_dataset
+from hashdist.kernels.codecounts import code_counts
+
+
+@pytest.mark.parametrize("nbits", [1, 13, 64, 65, 130])
+def test_bit_ones_block(nbits):
+    rng = np.random.default_rng(nbits)
+    bits = (rng.random((257, nbits)) < rng.random(nbits)).astype(np.uint8)
+    assert (bit_ones_block(pack_bits(bits), nbits) == bits.sum(0)).all()
+
+
+def test_code_usage_matches_numpy():
+    rng = np.random.default_rng(0)
+    nbits = 6
+    bits = rng.integers(0, 2, (500, nbits), dtype=np.uint8)
+    bits[:100] = 1  # one heavy bucket
+    _, counts = code_counts(pack_bits(bits))
+    usage = code_usage(counts, bit_ones_block(pack_bits(bits), nbits), 500, nbits)
+
+    _, inverse, per_code = np.unique(bits, axis=0, return_inverse=True, return_counts=True)
+    p = per_code / 500
+    assert usage["distinct_codes"] == len(per_code)
+    assert usage["max_bucket"] == per_code.max() >= 100
+    assert usage["collision_fraction"] == pytest.approx((per_code[inverse.ravel()] > 1).mean(), abs=1e-15)
+    assert usage["entropy_bits"] == pytest.approx(-(p * np.log2(p)).sum(), rel=1e-13)
+    assert usage["entropy_ratio"] == pytest.approx(usage["entropy_bits"] / nbits, rel=1e-13)
+    assert usage["bit_balance"] == pytest.approx(bits.mean(0).tolist(), abs=1e-15)
+
+
+def test_extremes():
+    all_same = code_usage(np.array([10]), np.full(4, 10), 10, 4)
+    assert all_same["entropy_bits"] == 0.0 and all_same["collision_fraction"] == 1.0
+    assert all_same["bit_balance"] == [1.0] * 4
+    all_distinct = code_usage(np.ones(16, np.int64), np.full(4, 8), 16, 4)
+    assert all_distinct["entropy_bits"] == pytest.approx(4.0) and all_distinct["entropy_ratio"] == pytest.approx(1.0)
+    assert all_distinct["collision_fraction"] == 0.0 and all_distinct["max_bucket"] == 1
+    with pytest.raises(ValueError):
+        code_usage(np.array([3, 4]), np.zeros(4), 8, 4)
+
+
+def test_database_bit_ones_reads_blocks(class_dataset):
+    ds = open_dataset(class_dataset)
+    whole = bit_ones_block(ds.codes("database", 0, ds.n_database), ds.nbits)
+    assert (database_bit_ones(ds, block_rows=700) == whole).all()

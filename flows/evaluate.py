@@ -24,8 +24,7 @@ from prefect.futures import as_completed
 from prefect_dask import DaskTaskRunner
 
 from hashdist.api import Evaluation, build_report, prepare, resolve_cache
-from hashdist.engine import cached_code_counts, cached_histogram, finish, query_block_metrics
-from hashdist.kernels.codecounts import merge_code_counts
+from hashdist.engine import cached_code_counts, cached_histogram, code_table, finish, query_block_metrics
 
 # Results travel through Dask, never through Prefect's result storage: no caching,
 # no persistence. Retries cover transient worker faults.
@@ -43,8 +42,8 @@ def code_counts_task(plan, block, cache_dir):
 
 
 @task(name="query-block-metrics", **_TASK_OPTIONS)
-def metrics_task(plan, q0, q1, H, codes, counts, params):
-    return query_block_metrics(plan, q0, q1, H, codes, counts, params)
+def metrics_task(plan, q0, q1, H, table, params):
+    return query_block_metrics(plan, q0, q1, H, table, params)
 
 
 def _progress_bar(total: int, enabled: bool):
@@ -133,12 +132,10 @@ def evaluate(
             bar.update(1)
             bar.set_postfix_str(f"{pairs_done / max(time.time() - t_start, 1e-9):.3g} pairs/s")
     t_compute = time.time()
-    codes, code_totals = merge_code_counts([f.result() for f in count_futures])
+    table = code_table(plan, [f.result() for f in count_futures])
     t_reduce = time.time()
-    metric_futures = [
-        metrics_task.submit(plan, q0, q1, sums.pop(q0), codes, code_totals, params) for q0, q1 in plan.query_blocks
-    ]
-    result = finish(plan, params, [f.result() for f in metric_futures], code_totals, computed, cached)
+    metric_futures = [metrics_task.submit(plan, q0, q1, sums.pop(q0), table, params) for q0, q1 in plan.query_blocks]
+    result = finish(plan, params, [f.result() for f in metric_futures], table.counts, computed, cached)
     t_metrics = time.time()
     started_at = started_at or t_start
     timing = {

@@ -23,7 +23,7 @@ from hashdist.cache import BlockCache
 from hashdist.dataset import Dataset, combine_digests, open_dataset
 from hashdist.errors import InputError
 from hashdist.kernels import KERNEL_VERSION
-from hashdist.kernels.codecounts import code_counts, max_bucket_within, merge_code_counts
+from hashdist.kernels.codecounts import ball_lookup_table, code_counts, max_bucket_within, merge_code_counts
 from hashdist.kernels.histogram import histogram_block
 from hashdist.metrics.summary import MetricParams, aggregate, concat_per_query, per_query_metrics
 
@@ -177,12 +177,26 @@ def cached_code_counts(plan: Plan, block: CountBlock, cache: BlockCache) -> tupl
     return codes, counts
 
 
+@dataclass(frozen=True)
+class CodeTable:
+    """The database's distinct codes with their counts, and the ball lookup table (built once per run)."""
+
+    codes: np.ndarray
+    counts: np.ndarray
+    slots: np.ndarray | None
+
+
+def code_table(plan: Plan, parts) -> CodeTable:
+    codes, counts = merge_code_counts(parts)
+    return CodeTable(codes, counts, ball_lookup_table(codes, plan.nbits, plan.max_radius))
+
+
 def query_block_metrics(
-    plan: Plan, q0: int, q1: int, H: np.ndarray, codes: np.ndarray, counts: np.ndarray, params: MetricParams
+    plan: Plan, q0: int, q1: int, H: np.ndarray, table: CodeTable, params: MetricParams
 ) -> dict[str, np.ndarray]:
     """M_k and every per-query value for one query block from its summed histogram."""
     queries = open_dataset(plan.url).codes("queries", q0, q1)
-    M = max_bucket_within(queries, codes, counts, plan.nbits, plan.max_radius)
+    M = max_bucket_within(queries, table.codes, table.counts, plan.nbits, plan.max_radius, table.slots)
     return per_query_metrics(H, M, params)
 
 
@@ -228,11 +242,9 @@ def run_local(plan: Plan, params: MetricParams, cache: BlockCache, *, threads: i
             if progress:
                 progress(block, was_cached)
         t1 = time.perf_counter()
-        codes, code_totals = merge_code_counts(counts)
+        table = code_table(plan, counts)
         t2 = time.perf_counter()
-        parts = pool.map(
-            lambda q: query_block_metrics(plan, q[0], q[1], sums[q[0]], codes, code_totals, params), plan.query_blocks
-        )
-        result = finish(plan, params, parts, code_totals, computed, cached)
+        parts = pool.map(lambda q: query_block_metrics(plan, q[0], q[1], sums[q[0]], table, params), plan.query_blocks)
+        result = finish(plan, params, parts, table.counts, computed, cached)
     result.timing = {"compute_s": t1 - t0, "reduce_s": t2 - t1, "metrics_s": time.perf_counter() - t2}
     return result

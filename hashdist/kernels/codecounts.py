@@ -129,21 +129,33 @@ def _max_count_by_scan(queries, codes, counts, radius, out):
                 out[q, d] = counts[u]
 
 
+def ball_lookup_table(codes: np.ndarray, nbits: int, radius: int) -> np.ndarray | None:
+    """Hash-table slots over the distinct codes when enumerating Hamming balls is cheaper than
+    scanning them (each ball code costs a few word operations, a scan one distance per code);
+    ``None`` means scan. Build it once per run and pass it to :func:`max_bucket_within`."""
+    codes = np.ascontiguousarray(codes, dtype=np.uint64)
+    if not len(codes) or 4 * ball_size(nbits, min(radius, nbits)) >= len(codes):
+        return None
+    return _build_table(codes, 1 << int(2 * len(codes) - 1).bit_length())
+
+
 def max_bucket_within(
-    queries: np.ndarray, codes: np.ndarray, counts: np.ndarray, nbits: int, radius: int
+    queries: np.ndarray, codes: np.ndarray, counts: np.ndarray, nbits: int, radius: int, slots="auto"
 ) -> np.ndarray:
-    """M_k for k = 0..radius: (Q, radius + 1) int64, 0 where the ball holds no database item."""
+    """M_k for k = 0..radius: (Q, radius + 1) int64, 0 where the ball holds no database item.
+
+    ``slots`` from :func:`ball_lookup_table` (default: built here) selects ball enumeration;
+    ``None`` scans the distinct codes.
+    """
     queries = np.ascontiguousarray(queries, dtype=np.uint64)
     codes = np.ascontiguousarray(codes, dtype=np.uint64)
     counts = np.ascontiguousarray(counts, dtype=np.int64)
     radius = min(radius, nbits)
+    if isinstance(slots, str):
+        slots = ball_lookup_table(codes, nbits, radius)
     exact = np.zeros((queries.shape[0], radius + 1), dtype=np.int64)
     if len(codes):
-        # enumerate: hashing and probing each ball code costs a few word operations;
-        # scan: one Hamming distance per distinct code
-        if 4 * ball_size(nbits, radius) < len(codes):
-            capacity = 1 << int(2 * len(codes) - 1).bit_length()
-            slots = _build_table(codes, capacity)
+        if slots is not None:
             _max_count_by_ball(queries, codes, counts, slots, nbits, radius, exact)
         else:
             _max_count_by_scan(queries, codes, counts, radius, exact)

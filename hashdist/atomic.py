@@ -1,9 +1,14 @@
-"""Atomic replacement of output directories: readers see the old complete version or the new one."""
+"""Output directories: atomic replacement (readers see the old complete version or the new one) and locks."""
 
+import fcntl
 import os
 import shutil
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+
+from hashdist.errors import InputError
 
 
 def temporary_sibling(final: Path, tag: str = "tmp") -> Path:
@@ -20,3 +25,19 @@ def replace_directory(tmp: Path, final: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
     else:
         os.rename(tmp, final)
+
+
+@contextmanager
+def exclusive(target) -> Iterator[None]:
+    """Hold an advisory lock next to ``target`` for the duration; refuse if another run holds it."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.with_name(f".{target.name}.lock"), "w") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise InputError(f"{target}: another hashdist run is writing this output now") from None
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)

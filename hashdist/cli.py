@@ -153,6 +153,13 @@ def _add_evaluate(sub):
 
 
 def _run_evaluate(a):
+    from hashdist.atomic import exclusive
+
+    with exclusive(a.out):  # a second run into the same --out is refused, not interleaved
+        return _evaluate_into(a)
+
+
+def _evaluate_into(a):
     from hashdist.report import check_output_dir, format_table, json_safe
 
     check_output_dir(a.out, a.overwrite)

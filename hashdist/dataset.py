@@ -30,7 +30,7 @@ import numpy as np
 import zarr
 from zarr.codecs import Crc32cCodec, ZstdCodec
 
-from hashdist.atomic import replace_directory, temporary_sibling
+from hashdist.atomic import exclusive, replace_directory, temporary_sibling
 from hashdist.bits import n_words
 from hashdist.errors import InputError
 
@@ -327,10 +327,12 @@ class DatasetWriter:
                 raise InputError(f"{self.url}: output exists (pass --overwrite to replace it)")
             final.parent.mkdir(parents=True, exist_ok=True)
             self._final = final
+            self._lock = exclusive(final)
+            self._lock.__enter__()  # released in close() / abort()
             self._tmp = temporary_sibling(final)
             store = str(self._tmp)
         else:
-            self._final = self._tmp = None
+            self._final = self._tmp = self._lock = None
             store = self.url
         self.group = zarr.open_group(store=store, mode="w")
         self.writers: dict[str, _ArrayWriter] = {}
@@ -377,11 +379,18 @@ class DatasetWriter:
         self.group.attrs.update(attrs)
         if self._tmp is not None:
             replace_directory(self._tmp, self._final)
+        self._release()
         return self.url
+
+    def _release(self) -> None:
+        if self._lock is not None:
+            self._lock.__exit__(None, None, None)
+            self._lock = None
 
     def abort(self) -> None:
         if self._tmp is not None and self._tmp.exists():
             shutil.rmtree(self._tmp)
+        self._release()
 
     def __enter__(self):
         return self

@@ -155,3 +155,16 @@ def test_missing_chunk_is_named(tmp_path, capsys, dataset):
     out = tmp_path / "report"
     assert_refused(capsys, ["evaluate", dataset, "--out", out, "--engine", "local", "--no-cache"],
                    "database/labels chunk 0 is missing", out)
+
+
+def test_concurrent_run_into_the_same_output_is_refused(tmp_path, capsys, dataset, files):
+    from hashdist.atomic import exclusive
+
+    out = tmp_path / "report"
+    with exclusive(out):  # another run holds the output
+        assert_refused(capsys, ["evaluate", dataset, "--out", out, "--engine", "local"], "another hashdist run", out)
+        target = tmp_path / "other.zarr"
+        with exclusive(target):
+            assert_refused(capsys, _ingest(files, target), "another hashdist run", target)
+    status, _ = run_cli(capsys, "evaluate", dataset, "--out", out, "--engine", "local")
+    assert status == 0 and (out / "report.json").is_file()

@@ -1,4 +1,4 @@
-"""The ``hashdist`` command line: ingest, synth, evaluate.
+"""The ``hashdist`` command line: ingest, synth, evaluate, compare.
 
 Bad input ends with one line on stderr naming the problem and exit status 2;
 nothing is written. ``--debug`` shows tracebacks.
@@ -20,6 +20,7 @@ Exact, tie-aware evaluation of binary hash codes for retrieval.
   hashdist ingest --db-codes DB.npy --query-codes Q.npy \\
       --db-labels DBL.npy --query-labels QL.npy --out data.zarr     store your codes
   hashdist evaluate data.zarr --out report/                   metrics, report.json, report.html
+  hashdist compare --method a=a.zarr --method b=b.zarr --out cmp/   leaderboard, significance
 
 Every order-dependent metric is reported for the three tie policies (expected
 over all orders of items at equal Hamming distance, best, worst). See README.md
@@ -202,8 +203,48 @@ def _evaluate_into(a):
     return format_table(r) + tail
 
 
+def _add_compare(sub):
+    p = sub.add_parser(
+        "compare",
+        help="compare several code sets over the same queries and ground truth",
+        description="Evaluate each NAME=DATASET (methods x bit lengths; NAME may carry an @TAG, e.g. itq@32, and "
+        "methods sharing the part before @ are plotted against their bit length) and write DIR/comparison.json and "
+        "DIR/comparison.html: a leaderboard, PR curves, code usage, and paired significance tests on per-query AP "
+        "and LGAP with Holm's correction. Every dataset must have the same queries and ground truth.",
+    )
+    p.add_argument("--method", action="append", required=True, metavar="NAME=DATASET",
+                   help="a method's dataset (repeat; at least two)")
+    p.add_argument("--out", required=True, metavar="DIR")
+    p.add_argument("--k", type=int, nargs="+", default=[10, 100, 1000], help="cut-offs K (default 10 100 1000)")
+    p.add_argument("--radius", type=int, nargs="+", default=[0, 1, 2],
+                   help="Hamming radii (default 0 1 2); LGAP and micro F are compared at the largest")
+    p.add_argument("--permutations", type=int, default=10000, help="sign-flip permutations per test (default 10000)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the randomisation tests and bootstrap (default 0)")
+    p.add_argument("--engine", choices=["flow", "local"], default="flow",
+                   help="flow: Prefect + Dask (default); local: threads in this process")
+    p.add_argument("--cache", help="block result store (default: the per-user cache)")
+    p.add_argument("--no-cache", action="store_true", help="compute every block, store nothing")
+    p.add_argument("--overwrite", action="store_true", help="replace DIR even if it is not a hashdist comparison")
+
+
+def _run_compare(a):
+    from hashdist.atomic import exclusive
+    from hashdist.compare import compare, format_leaderboard
+
+    options = dict(k=a.k, radius=a.radius, permutations=a.permutations, seed=a.seed,
+                   cache=False if a.no_cache else a.cache, out=a.out, overwrite=a.overwrite)
+    with exclusive(a.out):
+        if a.engine == "local":
+            comparison = compare(a.method, **options)
+        else:
+            from flows.compare import run_comparison
+
+            comparison = run_comparison(a.method, **options)
+    return f"{format_leaderboard(comparison)}\ncomparison: {a.out}/comparison.json, {a.out}/comparison.html"
+
+
 COMMANDS = {"ingest": (_add_ingest, _run_ingest), "synth": (_add_synth, _run_synth),
-            "evaluate": (_add_evaluate, _run_evaluate)}
+            "evaluate": (_add_evaluate, _run_evaluate), "compare": (_add_compare, _run_compare)}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -86,7 +86,8 @@ def parse_methods(specs) -> list[Method]:
 
 def _ground_truth_arrays(ds: Dataset) -> list[str]:
     if ds.default_relevance == "explicit":
-        return [n for n in ("queries/relevant/indptr", "queries/relevant/indices", "queries/relevant/grades") if ds.has(n)]
+        names = ("queries/relevant/indptr", "queries/relevant/indices", "queries/relevant/grades")
+        return [n for n in names if ds.has(n)]
     return ["queries/labels", "database/labels"]
 
 
@@ -282,14 +283,10 @@ def compare(specs, *, evaluate=None, k=(10, 100, 1000), radius=(0, 1, 2), permut
     ``evaluate(dataset, k=..., radius=...)`` returns an :class:`hashdist.api.Evaluation`
     (default: :func:`hashdist.api.evaluate_local` with ``cache``).
     """
-    from hashdist.api import evaluate_local, prepare
+    from hashdist.api import evaluate_local
 
-    methods, datasets = open_methods(specs)
-    check_options(permutations, seed)
-    for ds in datasets:
-        prepare(ds.url, k=k, radius=radius)
-    if out is not None:
-        check_comparison_dir(out, overwrite)
+    methods, datasets = validate(specs, k=k, radius=radius, permutations=permutations, seed=seed, out=out,
+                                 overwrite=overwrite)
     if evaluate is None:
         def evaluate(dataset, **options):
             return evaluate_local(dataset, cache=cache, **options)
@@ -301,11 +298,19 @@ def compare(specs, *, evaluate=None, k=(10, 100, 1000), radius=(0, 1, 2), permut
     return comparison
 
 
-def check_options(permutations, seed) -> None:
-    if isinstance(permutations, bool) or not isinstance(permutations, int) or permutations < 1:
-        raise InputError(f"--permutations must be a positive integer, got {permutations}")
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise InputError(f"--seed must be a non-negative integer, got {seed}")
+def validate(specs, *, k, radius, permutations, seed, out, overwrite) -> tuple[list[Method], list[Dataset]]:
+    """Check every input before anything is evaluated; returns the methods and their opened datasets."""
+    from hashdist.api import prepare
+
+    methods, datasets = open_methods(specs)
+    for option, value, lo in (("--permutations", permutations, 1), ("--seed", seed, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < lo:
+            raise InputError(f"{option} must be an integer >= {lo}, got {value}")
+    for ds in datasets:
+        prepare(ds.url, k=k, radius=radius)
+    if out is not None:
+        check_comparison_dir(out, overwrite)
+    return methods, datasets
 
 
 # -- output ------------------------------------------------------------------------
@@ -321,7 +326,9 @@ def check_comparison_dir(out, overwrite: bool) -> Path:
         except Exception:
             ok = False
         if not ok:
-            raise InputError(f"{out}: exists and is not a hashdist comparison directory (pass --overwrite to replace it)")
+            raise InputError(
+                f"{out}: exists and is not a hashdist comparison directory (pass --overwrite to replace it)"
+            )
     return out
 
 

@@ -1,0 +1,65 @@
+"""A Prefect 3 flow that compares several code sets: thin orchestration over ``hashdist.compare``.
+
+Each method's dataset is evaluated by the ``evaluate`` flow as a subflow (its blocks
+run on the Dask cluster; the block cache is shared, so a rerun computes nothing), one
+after the other. The ground truth is shared: it is checked once by fingerprints before
+anything runs, and the comparison is built from the finished evaluations. Run it
+through ``hashdist compare`` or :func:`run_comparison`.
+"""
+
+from __future__ import annotations
+
+from prefect import flow
+from prefect.artifacts import create_table_artifact
+
+from flows.evaluate import evaluate, task_runner
+from hashdist.compare import (
+    DEFAULT_BOOTSTRAP, DEFAULT_PERMUTATIONS, build_comparison, leaderboard_rows, validate, write_comparison,
+)
+
+
+@flow(name="compare", persist_result=False, log_prints=True)
+def compare(
+    methods: list[str],
+    out: str | None = None,
+    k: list[int] = (10, 100, 1000),
+    radius: list[int] = (0, 1, 2),
+    permutations: int = DEFAULT_PERMUTATIONS,
+    bootstrap: int = DEFAULT_BOOTSTRAP,
+    seed: int = 0,
+    cache: str | bool | None = None,
+    overwrite: bool = False,
+    address: str | None = None,
+    cluster_class: str | None = None,
+    cluster_kwargs: dict | None = None,
+    workers: int | None = None,
+    threads: int | None = None,
+    progress: bool = False,
+) -> dict:
+    """Evaluate each ``NAME=DATASET`` and compare; with ``out``, write comparison.json and comparison.html."""
+    parsed, datasets = validate(methods, k=k, radius=radius, permutations=permutations, seed=seed, out=out,
+                                overwrite=overwrite)
+    runner = task_runner(address, cluster_class, cluster_kwargs, workers, threads)
+    evaluations = [
+        evaluate.with_options(task_runner=runner)(dataset=m.dataset, k=list(k), radius=list(radius), cache=cache,
+                                                  progress=progress)
+        for m in parsed
+    ]
+    comparison, occupancy = build_comparison(parsed, datasets, evaluations, k=k, radius=radius,
+                                             permutations=permutations, bootstrap=bootstrap, seed=seed)
+    if out is not None:
+        write_comparison(out, comparison, occupancy, overwrite=overwrite)
+    header, rows = leaderboard_rows(comparison)
+    create_table_artifact(table=[dict(zip(header, row)) for row in rows], key="hashdist-comparison",
+                          description="hashdist leaderboard (methods by expected mAP)")
+    return comparison
+
+
+def run_comparison(methods, *, out=None, overwrite=False, k=(10, 100, 1000), radius=(0, 1, 2),
+                   permutations=DEFAULT_PERMUTATIONS, bootstrap=DEFAULT_BOOTSTRAP, seed=0, cache=None, **cluster):
+    """Validate the inputs here (bad input fails before any cluster starts), then run the flow."""
+    validate(methods, k=k, radius=radius, permutations=permutations, seed=seed, out=out, overwrite=overwrite)
+    cache = cache if cache is None or cache is False else str(cache)
+    return compare(methods=[str(m) for m in methods], out=None if out is None else str(out), overwrite=overwrite,
+                   k=list(k), radius=list(radius), permutations=permutations, bootstrap=bootstrap, seed=seed,
+                   cache=cache, **cluster)

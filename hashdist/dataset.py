@@ -8,6 +8,8 @@ Layout (rows are database items or queries)::
     queries/labels      (Q,) or (Q, LW), like database/labels
     queries/relevant/   explicit ground truth as CSR: indptr (Q+1,), indices (nnz,)
                         sorted per query, optional grades (nnz,)
+    database/features   (N, D) float32 or float64 real-valued features (optional)
+    queries/features    (Q, D), like database/features
 
 Group attributes: ``format`` ("hashdist-dataset"), ``format_version``, ``nbits``,
 ``relevance`` (the kinds the data supports, default first), ``n_labels`` for
@@ -45,6 +47,7 @@ RELEVANCE_KINDS = ("class", "multilabel", "explicit")
 CODES = ("database/codes", "queries/codes")
 LABELS = ("database/labels", "queries/labels")
 CSR = ("queries/relevant/indptr", "queries/relevant/indices", "queries/relevant/grades")
+FEATURES = ("database/features", "queries/features")
 
 
 def _compressors():
@@ -126,6 +129,8 @@ class Dataset:
 
     @property
     def default_relevance(self) -> str:
+        if not self.relevance_kinds:
+            raise InputError(f"{self.url}: dataset has no relevance data (run hashdist groundtruth on its features)")
         return self.relevance_kinds[0]
 
     @property
@@ -295,6 +300,15 @@ class _ArrayWriter:
         return ArrayFingerprint(self.chunk_rows, tuple(self.digests), self.rows)
 
 
+def _create_rows_array(group: zarr.Group, name: str, width: int | None, dtype, chunk_rows: int) -> zarr.Array:
+    shape = (0,) if width is None else (0, width)
+    chunks = (chunk_rows,) if width is None else (chunk_rows, width)
+    return group.create_array(
+        name, shape=shape, chunks=chunks, dtype=dtype, compressors=_compressors(), fill_value=0,
+        config={"write_empty_chunks": True},  # every chunk has a file, so a lost one is noticed
+    )
+
+
 class DatasetWriter:
     """Writes a dataset chunk by chunk into a temporary sibling and renames it into place on close.
 
@@ -340,13 +354,7 @@ class DatasetWriter:
 
     def _writer(self, name: str, width: int | None, dtype, chunk_rows: int) -> _ArrayWriter:
         if name not in self.writers:
-            shape = (0,) if width is None else (0, width)
-            chunks = (chunk_rows,) if width is None else (chunk_rows, width)
-            arr = self.group.create_array(
-                name, shape=shape, chunks=chunks, dtype=dtype, compressors=_compressors(), fill_value=0,
-                config={"write_empty_chunks": True},  # every chunk has a file, so a lost one is noticed
-            )
-            self.writers[name] = _ArrayWriter(arr, chunk_rows)
+            self.writers[name] = _ArrayWriter(_create_rows_array(self.group, name, width, dtype, chunk_rows), chunk_rows)
         return self.writers[name]
 
     def add_codes(self, part: str, words: np.ndarray) -> None:
@@ -356,6 +364,10 @@ class DatasetWriter:
         width = None if labels.ndim == 1 else labels.shape[1]
         dtype = np.int64 if labels.ndim == 1 else np.uint64
         self._writer(f"{part}/labels", width, dtype, self.chunk_rows[part]).append(labels)
+
+    def add_features(self, part: str, features: np.ndarray) -> None:
+        """Real-valued feature rows, stored in their own dtype (float32 or float64)."""
+        self._writer(f"{part}/features", features.shape[1], features.dtype, self.chunk_rows[part]).append(features)
 
     def add_relevant(self, indptr: np.ndarray, indices: np.ndarray, grades: np.ndarray | None) -> None:
         """Explicit ground truth as CSR over all queries (written whole; sizes are modest)."""
@@ -427,3 +439,31 @@ def append_database_rows(url, words: np.ndarray, labels: np.ndarray | None) -> D
         fingerprints[name] = w.close().to_json()
     group.attrs["fingerprints"] = fingerprints
     return open_dataset(url)
+
+
+def replace_relevant(url, indptr: np.ndarray, indices: np.ndarray, attrs: dict) -> Dataset:
+    """Write explicit ground truth (CSR, grade 1) into an existing local dataset, replacing any previous one.
+
+    The new arrays are written beside the old ones and moved into place; the group
+    attributes (``attrs``, e.g. ``relevance``, then the fingerprints) are updated last.
+    """
+    ds = open_dataset(url)
+    if not _is_local(ds.url):
+        raise InputError(f"{ds.url}: writing ground truth needs a dataset on the local filesystem")
+    final = _local_path(ds.url) / "queries" / "relevant"
+    fingerprints = {k: v for k, v in ds.attrs()["fingerprints"].items() if k not in CSR}
+    with exclusive(_local_path(ds.url)):
+        tmp = temporary_sibling(final)
+        group = zarr.open_group(store=str(tmp), mode="w")
+        try:
+            for name, values, rows in ((CSR[0], indptr, ds.chunk_rows("queries")), (CSR[1], indices, CSR_CHUNK)):
+                writer = _ArrayWriter(_create_rows_array(group, name.rsplit("/", 1)[1], None, np.int64, rows), rows)
+                writer.append(values)
+                fingerprints[name] = writer.close().to_json()
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        replace_directory(tmp, final)
+        root = zarr.open_group(store=ds.url, mode="r+")
+        root.attrs.update({**attrs, "fingerprints": dict(sorted(fingerprints.items()))})
+    return open_dataset(ds.url)

@@ -1,4 +1,4 @@
-"""Ingest codes, labels and ground truth from .npy/.npz files into a dataset, streaming.
+"""Ingest codes, labels, ground truth and features from .npy/.npz files into a dataset, streaming.
 
 ``.npy`` inputs are memory-mapped and converted chunk by chunk, so a database of
 any size is ingested in bounded memory. Every input is validated before the
@@ -111,6 +111,25 @@ def _label_blocks(arr, path, kind, chunk_rows):
             yield pack_bits(block.astype(np.uint8))
 
 
+def _check_features(arr, path, codes, codes_path) -> None:
+    if arr.ndim != 2 or arr.shape[1] == 0:
+        raise InputError(f"{path}: features must be a 2-D array (rows, dimensions), got shape {arr.shape}")
+    if arr.dtype not in (np.float32, np.float64):
+        raise InputError(f"{path}: features must be float32 or float64, got {arr.dtype}")
+    if arr.shape[0] != codes.shape[0]:
+        raise InputError(f"{path}: {arr.shape[0]} feature rows but {codes.shape[0]} codes in {codes_path}")
+
+
+def _feature_blocks(arr, path, chunk_rows):
+    """Yield feature blocks of chunk_rows rows, refusing NaN and infinity as they stream."""
+    for start in range(0, arr.shape[0], chunk_rows):
+        block = np.asarray(arr[start : start + chunk_rows])
+        if not np.isfinite(block).all():
+            row = start + int(np.flatnonzero(~np.isfinite(block).all(axis=1))[0])
+            raise InputError(f"{path}: features contain NaN or infinity (row {row})")
+        yield block
+
+
 def load_relevant(path, n_queries: int, n_database: int):
     """Explicit ground truth from an .npz with indptr, indices and optional grades; sorted per query."""
     path = str(path)
@@ -156,6 +175,8 @@ def ingest(
     db_labels=None,
     query_labels=None,
     query_relevant=None,
+    db_features=None,
+    query_features=None,
     relevance: str | None = None,
     packed: bool = False,
     nbits: int | None = None,
@@ -163,7 +184,7 @@ def ingest(
     query_chunk_rows: int = DEFAULT_QUERY_CHUNK_ROWS,
     overwrite: bool = False,
 ) -> str:
-    """Write a dataset from code (and label / ground-truth) files; returns its path."""
+    """Write a dataset from code (and label / ground-truth / feature) files; returns its path."""
     if chunk_rows < 1 or query_chunk_rows < 1:
         raise InputError("--chunk-rows must be a positive integer")
     db, qs = load_array(db_codes), load_array(query_codes)
@@ -185,6 +206,18 @@ def ingest(
                 raise InputError(f"{path}: {arr.shape[0]} labels but {codes.shape[0]} codes in {codes_path}")
         kinds.append(kind)
         labels = {"database": (dl, db_labels, kind), "queries": (ql, query_labels, kind)}
+    features = {}
+    if (db_features is None) != (query_features is None):
+        raise InputError("--db-features and --query-features must be given together")
+    if db_features is not None:
+        df, qf = load_array(db_features), load_array(query_features)
+        _check_features(df, db_features, db, db_codes)
+        _check_features(qf, query_features, qs, query_codes)
+        if qf.shape[1] != df.shape[1]:
+            raise InputError(
+                f"{query_features}: queries have {qf.shape[1]} feature dimensions but {db_features} has {df.shape[1]}"
+            )
+        features = {"database": (df, db_features), "queries": (qf, query_features)}
     csr = None
     if query_relevant is not None:
         csr = load_relevant(query_relevant, qs.shape[0], db.shape[0])
@@ -212,6 +245,9 @@ def ingest(
             if labels:
                 for block in _label_blocks(*labels[part], rows):
                     writer.add_labels(part, block)
+            if features:
+                for block in _feature_blocks(*features[part], rows):
+                    writer.add_features(part, block)
         if csr is not None:
             writer.add_relevant(*csr)
     return str(out)
@@ -222,6 +258,8 @@ def append(dataset, db_codes, db_labels=None, *, packed: bool = False) -> str:
     from hashdist.dataset import append_database_rows, open_dataset
 
     ds = open_dataset(dataset)
+    if ds.has("database/features"):
+        raise InputError(f"{dataset}: cannot append database rows to a dataset with features")
     db = load_array(db_codes)
     width = _code_width(db, db_codes, packed, ds.nbits if packed else None)
     if width != ds.nbits:

@@ -1,0 +1,92 @@
+"""Faults a cluster really has: the run completes with the exact result, or resumes from its cache."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from hashdist.api import evaluate_local
+from tests.conftest import make_dataset
+from tests.test_flow import loopback_cluster  # noqa: F401  (fixture)
+
+pytestmark = pytest.mark.usefixtures("prefect_api")
+BIN = Path(sys.executable).parent
+
+
+def _metrics(evaluation):
+    return json.dumps(evaluation.report["metrics"], sort_keys=True)
+
+
+@pytest.fixture(scope="module")
+def busy_dataset(tmp_path_factory):
+    """Enough small blocks that a run lasts several seconds."""
+    return make_dataset(tmp_path_factory.mktemp("busy"), n_db=40_000, n_q=640, nbits=64, chunk_rows=1000,
+                        query_chunk_rows=64)
+
+
+def test_transient_task_failure_is_retried(class_dataset, monkeypatch):
+    import hashdist.engine as engine
+    from flows.evaluate import run_evaluation
+
+    real = engine.compute_histogram
+    calls = {"n": 0}
+    lock = threading.Lock()
+
+    def flaky(plan, block, ds=None):
+        with lock:
+            calls["n"] += 1
+            first = calls["n"] == 1
+        if first:
+            raise ConnectionError("injected transient fault")
+        return real(plan, block, ds)
+
+    monkeypatch.setattr(engine, "compute_histogram", flaky)
+    result = run_evaluation(class_dataset, cache=False, query_block_rows=16, db_block_rows=1000)
+    assert calls["n"] == result.report["blocks"]["total"] + 1  # one block ran twice
+    assert _metrics(result) == _metrics(evaluate_local(class_dataset, cache=False))
+
+
+def test_killed_dask_worker_does_not_change_the_result(busy_dataset, loopback_cluster):  # noqa: F811
+    from flows.evaluate import run_evaluation
+
+    address, procs = loopback_cluster
+    outcome = {}
+
+    def run():
+        outcome["result"] = run_evaluation(busy_dataset, cache=False, address=address, query_block_rows=64,
+                                           db_block_rows=1000)
+
+    runner = threading.Thread(target=run)
+    runner.start()
+    time.sleep(6)
+    assert runner.is_alive(), "the run finished before the fault could be injected"
+    procs[1].send_signal(signal.SIGKILL)  # one of the two workers
+    runner.join(timeout=300)
+    assert not runner.is_alive()
+    assert _metrics(outcome["result"]) == _metrics(evaluate_local(busy_dataset, cache=False))
+
+
+def test_killed_evaluate_process_resumes_from_cached_blocks(busy_dataset, tmp_path):
+    cache, out = tmp_path / "cache", tmp_path / "report"
+    cmd = [str(BIN / "hashdist"), "evaluate", busy_dataset, "--out", str(out), "--cache", str(cache),
+           "--threads", "1", "--query-block-rows", "64", "--db-block-rows", "4000", "--quiet"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    # 10 code-count blocks are stored first, then 100 histogram blocks: wait for a few of those
+    while len(list(cache.rglob("*.npz"))) < 13 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert proc.poll() is None, "the run finished before it could be killed"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert not out.exists()  # nothing half-written
+    rerun = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert rerun.returncode == 0, rerun.stderr
+    report = json.loads((out / "report.json").read_text())
+    assert report["blocks"]["cached"] > 0
+    assert report["metrics"] == json.loads(json.dumps(evaluate_local(busy_dataset, cache=False).report["metrics"]))

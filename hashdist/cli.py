@@ -48,6 +48,8 @@ def _add_ingest(sub):
     p.add_argument("--db-labels", metavar="DBL.npy")
     p.add_argument("--query-labels", metavar="QL.npy")
     p.add_argument("--query-relevant", metavar="REL.npz", help="explicit ground truth: CSR indptr, indices[, grades]")
+    p.add_argument("--db-features", metavar="F.npy", help="(N, D) float32/float64 features, for hashdist groundtruth")
+    p.add_argument("--query-features", metavar="F.npy", help="(Q, D) query features, with --db-features")
     p.add_argument("--relevance", choices=["class", "multilabel", "explicit"], help="default relevance kind")
     p.add_argument("--packed", action="store_true", help="codes are numpy packbits uint8 rows")
     p.add_argument("--nbits", type=int, help="bits per code with --packed")
@@ -68,7 +70,8 @@ def _run_ingest(a):
         raise InputError("--query-codes is required (unless --append)")
     ingest(
         a.out, a.db_codes, a.query_codes, db_labels=a.db_labels, query_labels=a.query_labels,
-        query_relevant=a.query_relevant, relevance=a.relevance, packed=a.packed, nbits=a.nbits,
+        query_relevant=a.query_relevant, db_features=a.db_features, query_features=a.query_features,
+        relevance=a.relevance, packed=a.packed, nbits=a.nbits,
         chunk_rows=a.chunk_rows, query_chunk_rows=a.query_chunk_rows, overwrite=a.overwrite,
     )
     return f"wrote {a.out}"
@@ -83,6 +86,10 @@ def _add_synth(sub):
     )
     p.add_argument("--preset", help="demo | flickr1m | nuswide | cifar")
     p.add_argument("--digits", choices=["lsh", "pcah", "itq"], help="hash scikit-learn's digits with this method")
+    p.add_argument("--features", choices=["lsh", "itq"],
+                   help="Gaussian-mixture features (no labels) hashed with this method, for hashdist groundtruth")
+    p.add_argument("--dim", type=int, help="feature dimensions with --features (default 128)")
+    p.add_argument("--n-clusters", type=int, help="mixture components with --features (default 1000)")
     p.add_argument("--n-database", type=int)
     p.add_argument("--n-queries", type=int)
     p.add_argument("--nbits", type=int)
@@ -104,6 +111,14 @@ def _run_synth(a):
     if a.digits:
         kwargs = {k: v for k, v in (("nbits", a.nbits), ("n_queries", a.n_queries)) if v is not None}
         synth.digits_dataset(a.out, method=a.digits, seed=a.seed, overwrite=a.overwrite, **kwargs)
+        return f"wrote {a.out}"
+    if a.features:
+        names = ("n_database", "n_queries", "nbits", "dim", "n_clusters", "chunk_rows")
+        kwargs = {k: getattr(a, k) for k in names if getattr(a, k) is not None}
+        for name in ("n_database", "n_queries"):
+            if name not in kwargs:
+                raise InputError(f"--{name.replace('_', '-')} is required with --features")
+        synth.features_dataset(a.out, method=a.features, seed=a.seed, overwrite=a.overwrite, **kwargs)
         return f"wrote {a.out}"
     if a.preset is not None and a.preset not in synth.PRESETS:
         raise InputError(f"--preset {a.preset}: unknown preset (choose from {', '.join(synth.PRESETS)})")
@@ -243,8 +258,68 @@ def _run_compare(a):
     return f"{format_leaderboard(comparison)}\ncomparison: {a.out}/comparison.json, {a.out}/comparison.html"
 
 
+def _add_groundtruth(sub):
+    p = sub.add_parser(
+        "groundtruth",
+        help="ground truth from the dataset's features (epsilon ball or top percent)",
+        description="Find each query's relevant database items from real-valued features (Euclidean distance, exact "
+        "under ties) with a Prefect flow over Dask, and store them in the dataset as explicit ground truth "
+        "(queries/relevant, replacing any previous one). epsilon_ball: distance <= epsilon, by default the mean "
+        "distance of --sample database points to their --neighbors-th neighbour; top_percent: the --percent nearest.",
+    )
+    p.add_argument("dataset", metavar="DATASET")
+    p.add_argument("--method", required=True, choices=["epsilon_ball", "top_percent"])
+    p.add_argument("--neighbors", type=int, help="epsilon_ball: the R-th neighbour sets epsilon (default 50)")
+    p.add_argument("--sample", type=int, help="epsilon_ball: database points sampled for epsilon (default 100)")
+    p.add_argument("--seed", type=int, help="epsilon_ball: seed of the sample (default 0)")
+    p.add_argument("--epsilon", type=float, help="epsilon_ball: use this radius instead of estimating it")
+    p.add_argument("--percent", type=float, help="top_percent: percentage of the database (default 2)")
+    p.add_argument("--engine", choices=["flow", "local"], default="flow",
+                   help="flow: Prefect + Dask (default); local: threads in this process")
+    p.add_argument("--address", help="existing Dask scheduler, tcp://HOST:PORT")
+    p.add_argument("--cluster-class", help="per-run cluster class, e.g. dask_jobqueue.SLURMCluster")
+    p.add_argument("--cluster-kwargs", default="{}", help="JSON keyword arguments for --cluster-class")
+    p.add_argument("--workers", type=int, help="local cluster: worker count (default 1)")
+    p.add_argument("--threads", type=int, help="local cluster: threads per worker (default: all cores)")
+    p.add_argument("--query-block-rows", type=int, help="queries per block (rounded up to whole chunks)")
+    p.add_argument("--db-block-rows", type=int, help="database rows per block (rounded up to whole chunks)")
+    p.add_argument("--cache", help="block result store (default: the per-user cache)")
+    p.add_argument("--no-cache", action="store_true", help="compute every block, store nothing")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def _run_groundtruth(a):
+    try:
+        cluster_kwargs = json.loads(a.cluster_kwargs)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"--cluster-kwargs is not valid JSON: {exc}") from None
+    if not isinstance(cluster_kwargs, dict):
+        raise InputError("--cluster-kwargs must be a JSON object")
+    options = dict(method=a.method, neighbors=a.neighbors, sample=a.sample, seed=a.seed, epsilon=a.epsilon,
+                   percent=a.percent, query_block_rows=a.query_block_rows, db_block_rows=a.db_block_rows)
+    cache = False if a.no_cache else a.cache
+    if a.engine == "local":
+        from hashdist import groundtruth
+        from hashdist.dataset import open_dataset
+
+        gt, run = groundtruth.run_local(a.dataset, cache=cache, threads=a.threads, **options)
+        summary = {**groundtruth.write(open_dataset(a.dataset), gt).attrs()["groundtruth"], **run}
+    else:
+        from flows.groundtruth import run_groundtruth
+
+        summary = run_groundtruth(a.dataset, cache=cache, address=a.address, cluster_class=a.cluster_class,
+                                  cluster_kwargs=cluster_kwargs, workers=a.workers, threads=a.threads,
+                                  progress=not a.quiet, **options)
+    rule = f"epsilon {summary['epsilon']:.6g}" if a.method == "epsilon_ball" else f"k {summary['k']}"
+    blocks = summary["blocks"]
+    return (f"{a.method}: {rule}; {summary['relevant_pairs']} relevant pairs written to {a.dataset} "
+            f"(queries/relevant; evaluate with --relevance explicit)\nblocks: {blocks['computed']} computed, "
+            f"{blocks['cached']} cached")
+
+
 COMMANDS = {"ingest": (_add_ingest, _run_ingest), "synth": (_add_synth, _run_synth),
-            "evaluate": (_add_evaluate, _run_evaluate), "compare": (_add_compare, _run_compare)}
+            "evaluate": (_add_evaluate, _run_evaluate), "compare": (_add_compare, _run_compare),
+            "groundtruth": (_add_groundtruth, _run_groundtruth)}
 
 
 def build_parser() -> argparse.ArgumentParser:

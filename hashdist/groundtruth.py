@@ -41,6 +41,7 @@ from fractions import Fraction
 
 import numba
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from hashdist.api import resolve_cache
 from hashdist.cache import BlockCache
@@ -438,7 +439,15 @@ def estimate_epsilon(ds: Dataset, params: Params, run_sweep) -> tuple[float, np.
 
 
 def compute(ds: Dataset, params: Params, run_sweep) -> GroundTruth:
-    """Run the method; ``run_sweep(sweep, merger)`` must compute every block and ``merger.add`` each result."""
+    """Run the method; ``run_sweep(sweep, merger)`` must compute every block and ``merger.add`` each result.
+
+    BLAS runs one thread per call meanwhile: blocks run in parallel instead (threads in this process).
+    """
+    with threadpool_limits(1, user_api="blas"):
+        return _compute(ds, params, run_sweep)
+
+
+def _compute(ds: Dataset, params: Params, run_sweep) -> GroundTruth:
     record = {"method": params.method, "version": GROUNDTRUTH_VERSION,
               "parameters": {k: v for k, v in asdict(params).items()
                              if v is not None and k not in ("method", "query_block_rows", "db_block_rows")},

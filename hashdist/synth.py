@@ -15,6 +15,10 @@ parameters and the seed; the fingerprints also depend on the chunk sizes.
 
 :func:`digits_dataset` hashes scikit-learn's bundled 8x8 digits (1,797 images,
 10 classes, no download) with LSH, PCA hashing or ITQ.
+
+:func:`features_dataset` writes SIFT-1M-like real-valued features (a Gaussian
+mixture) with their LSH or ITQ codes and no labels: ground truth comes from the
+features (``hashdist groundtruth``).
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from hashdist.dataset import (
 )
 from hashdist.errors import InputError
 
-__all__ = ["PRESETS", "synth_dataset", "digits_dataset"]
+__all__ = ["PRESETS", "synth_dataset", "digits_dataset", "features_dataset"]
 
 PRESETS: dict[str, dict] = {
     "demo": dict(
@@ -338,4 +342,85 @@ def digits_dataset(
         writer.add_labels("database", y[di].astype(np.int64))
         writer.add_codes("queries", q_words)
         writer.add_labels("queries", y[qi].astype(np.int64))
+    return writer.url
+
+
+# -- features -------------------------------------------------------------------
+
+FEATURE_METHODS = ("lsh", "itq")
+CLUSTER_STD = 0.5  # within-cluster standard deviation per dimension; centres are N(0, 1)
+TRAIN_ROWS = 20_000  # ITQ is trained on this many extra draws from the same mixture
+_TRAIN = 2
+# random streams of the features generator (centres and hash function share _S_CENTRES' block)
+_S_CLUSTER, _S_OFFSET, _S_CENTRES, _S_HASH = range(4)
+
+
+def _mixture_rows(seed: int, part: int, b: int, n: int, centres: np.ndarray) -> np.ndarray:
+    rng_c, rng_o = _rng(seed, part, b, _S_CLUSTER), _rng(seed, part, b, _S_OFFSET)
+    cluster = rng_c.integers(0, len(centres), size=n)
+    x = rng_o.standard_normal((n, centres.shape[1]), dtype=np.float32)
+    x *= np.float32(CLUSTER_STD)
+    x += centres[cluster]
+    return x
+
+
+def features_dataset(
+    out,
+    *,
+    n_database: int,
+    n_queries: int,
+    dim: int = 128,
+    nbits: int = 64,
+    method: str = "lsh",
+    n_clusters: int = 1000,
+    seed: int = 0,
+    chunk_rows: int = DEFAULT_CHUNK_ROWS,
+    query_chunk_rows: int = DEFAULT_QUERY_CHUNK_ROWS,
+    overwrite: bool = False,
+) -> str:
+    """Write float32 Gaussian-mixture features with LSH or ITQ codes (no labels); returns the URL.
+
+    Items (database and queries alike) pick one of ``n_clusters`` centres drawn from N(0, I)
+    uniformly and add N(0, CLUSTER_STD^2 I). Codes are the signs of projections of the
+    features centred on the mean centre: random Gaussian directions (``lsh``), or the top
+    ``nbits`` principal directions rotated by ITQ (``itq``, nbits <= dim), trained on
+    TRAIN_ROWS extra draws. Rows come in fixed generation blocks with their own random
+    streams, so they depend only on the parameters and the seed.
+    """
+    n_database = _int_opt(n_database, "--n-database", 1)
+    n_queries = _int_opt(n_queries, "--n-queries", 1)
+    dim = _int_opt(dim, "--dim", 1, 65536)
+    nbits = _int_opt(nbits, "--nbits", 1, MAX_NBITS)
+    if method not in FEATURE_METHODS:
+        raise InputError(f"--features must be one of {', '.join(FEATURE_METHODS)}, got {method!r}")
+    if method == "itq" and nbits > dim:
+        raise InputError(f"--nbits {nbits} exceeds --dim {dim} (itq needs nbits <= dim)")
+    n_clusters = _int_opt(n_clusters, "--n-clusters", 1, MAX_CLASSES)
+    seed = _int_opt(seed, "--seed", 0)
+    chunk_rows = _int_opt(chunk_rows, "--chunk-rows", 1)
+    query_chunk_rows = _int_opt(query_chunk_rows, "--query-chunk-rows", 1)
+
+    rng = _rng(seed, _CENTRES, _S_CENTRES)
+    centres = rng.standard_normal((n_clusters, dim)).astype(np.float32)
+    mean = centres.mean(axis=0, dtype=np.float64)
+    hash_rng = _rng(seed, _CENTRES, _S_HASH)
+    if method == "lsh":
+        w = hash_rng.standard_normal((dim, nbits))
+    else:
+        train = _mixture_rows(seed, _TRAIN, 0, TRAIN_ROWS, centres) - mean
+        w = _pca_directions(train, nbits)
+        w = w @ _itq_rotation(train @ w, hash_rng)
+    w = w.astype(np.float32)
+    gen_rows = _gen_rows(nbits, dim)
+    params = dict(kind="features", n_database=n_database, n_queries=n_queries, dim=dim, nbits=nbits, method=method,
+                  n_clusters=n_clusters, cluster_std=CLUSTER_STD, seed=seed, generation_rows=gen_rows)
+    if method == "itq":
+        params.update(itq_iterations=ITQ_ITERATIONS, train_rows=TRAIN_ROWS)
+    with DatasetWriter(out, nbits=nbits, relevance=(), chunk_rows=chunk_rows, query_chunk_rows=query_chunk_rows,
+                       overwrite=overwrite, extra_attrs={"synth": params}) as writer:
+        for part, n in (("database", n_database), ("queries", n_queries)):
+            for b, start in enumerate(range(0, n, gen_rows)):
+                x = _mixture_rows(seed, _PART_IDS[part], b, min(gen_rows, n - start), centres)
+                writer.add_features(part, x)
+                writer.add_codes(part, pack_bits(((x - mean.astype(np.float32)) @ w > 0).astype(np.uint8)))
     return writer.url

@@ -24,7 +24,14 @@ from prefect.futures import as_completed
 from prefect_dask import DaskTaskRunner
 
 from hashdist.api import Evaluation, build_report, prepare, resolve_cache
-from hashdist.engine import cached_code_counts, cached_histogram, code_table, finish, query_block_metrics
+from hashdist.engine import (
+    add_partials,
+    cached_code_counts,
+    cached_histogram,
+    code_table,
+    finish,
+    query_block_metrics,
+)
 
 # Results travel through Dask, never through Prefect's result storage: no caching,
 # no persistence. Retries cover transient worker faults.
@@ -42,8 +49,8 @@ def code_counts_task(plan, block, cache_dir):
 
 
 @task(name="query-block-metrics", **_TASK_OPTIONS)
-def metrics_task(plan, q0, q1, H, table, params):
-    return query_block_metrics(plan, q0, q1, H, table, params)
+def metrics_task(plan, q0, q1, partials, table, params):
+    return query_block_metrics(plan, q0, q1, partials, table, params)
 
 
 def _progress_bar(total: int, enabled: bool):
@@ -102,6 +109,7 @@ def evaluate(
     max_grade: int = 8,
     query_block_rows: int | None = None,
     db_block_rows: int | None = None,
+    hashtable: list[str] = (),
     cache: str | bool | None = None,
     overwrite: bool = False,
     html: bool = True,
@@ -112,7 +120,7 @@ def evaluate(
     t_start = time.time()
     ds, params, plan, parameters = prepare(
         dataset, k=k, radius=radius, beta=beta, empty_queries=empty_queries, relevance=relevance,
-        max_grade=max_grade, query_block_rows=query_block_rows, db_block_rows=db_block_rows,
+        max_grade=max_grade, query_block_rows=query_block_rows, db_block_rows=db_block_rows, hashtable=hashtable,
     )
     cache_dir = resolve_cache(cache).directory
     cache_arg = False if cache_dir is None else str(cache_dir)
@@ -124,8 +132,8 @@ def evaluate(
     with _progress_bar(len(hist_futures), progress) as bar:
         for fut in as_completed(list(hist_futures)):
             block = hist_futures[fut]
-            H, was_cached = fut.result()
-            sums[block.q0] = H if block.q0 not in sums else sums[block.q0] + H
+            part, was_cached = fut.result()
+            sums[block.q0] = add_partials(sums.get(block.q0), part)
             computed += not was_cached
             cached += was_cached
             pairs_done += block.pairs
@@ -135,7 +143,7 @@ def evaluate(
     table = code_table(plan, [f.result() for f in count_futures])
     t_reduce = time.time()
     metric_futures = [metrics_task.submit(plan, q0, q1, sums.pop(q0), table, params) for q0, q1 in plan.query_blocks]
-    result = finish(plan, params, [f.result() for f in metric_futures], table.counts, computed, cached)
+    result = finish(plan, params, [f.result() for f in metric_futures], table, computed, cached)
     t_metrics = time.time()
     started_at = started_at or t_start
     timing = {

@@ -10,6 +10,7 @@ import numpy as np
 from hashdist.cache import BlockCache, default_cache_dir
 from hashdist.dataset import Dataset, open_dataset
 from hashdist.engine import DEFAULT_MAX_GRADE, Plan, RunResult, make_plan, run_local
+from hashdist.kernels.hashtable import parse_hashtable_spec
 from hashdist.metrics.summary import MetricParams
 from hashdist.report import REPORT_MARKER, provenance, write_outputs
 
@@ -32,11 +33,13 @@ def prepare(
     max_grade: int = DEFAULT_MAX_GRADE,
     query_block_rows: int | None = None,
     db_block_rows: int | None = None,
+    hashtable=(),
 ) -> tuple[Dataset, MetricParams, Plan, dict]:
     """Open and validate the dataset and parameters and plan the blocks; returns (ds, params, plan, parameters)."""
     ds = open_dataset(dataset)
     params = MetricParams(tuple(k), tuple(radius), float(beta), empty_queries)
     params.validate(ds.nbits)
+    hashtables = tuple(parse_hashtable_spec(spec, ds.nbits) for spec in hashtable)
     plan = make_plan(
         ds,
         relevance=relevance,
@@ -44,6 +47,7 @@ def prepare(
         max_radius=params.max_radius,
         query_block_rows=query_block_rows,
         db_block_rows=db_block_rows,
+        hashtables=hashtables,
     )
     parameters = {
         "k": list(params.ks),
@@ -54,6 +58,7 @@ def prepare(
         "max_grade": plan.max_grade,
         "query_block_rows": plan.query_blocks[0][1] - plan.query_blocks[0][0],
         "db_block_rows": plan.histogram_blocks[0].d1 - plan.histogram_blocks[0].d0,
+        "hashtable": [f"{k}x{l}" for k, l in hashtables],
     }
     return ds, params, plan, parameters
 
@@ -73,6 +78,7 @@ def build_report(ds: Dataset, plan: Plan, parameters: dict, result: RunResult, t
             "relevance": plan.relevance,
             "fingerprint": ds.fingerprint,
         },
+        "code_usage": result.code_usage,
         "parameters": parameters,
         "provenance": provenance(ds.fingerprint, parameters),
         "blocks": result.blocks,
@@ -123,7 +129,8 @@ def evaluate(dataset, *, cache=None, threads: int | None = None, **options) -> d
     """Evaluate a dataset in this process and return the report dict.
 
     Options: k, radius, beta, empty_queries ("exclude" or "zero"), relevance
-    ("class", "multilabel", "explicit"), max_grade, query_block_rows, db_block_rows.
+    ("class", "multilabel", "explicit"), max_grade, query_block_rows, db_block_rows,
+    hashtable (settings "KxL": L tables of K-bit substrings).
     ``cache``: None for the per-user cache, False for none, or a directory.
     """
     return evaluate_local(dataset, cache=cache, threads=threads, **options).report

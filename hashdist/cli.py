@@ -151,6 +151,8 @@ def _add_evaluate(sub):
                    help="queries without relevant items: excluded from means (default) or counted as 0")
     p.add_argument("--relevance", choices=["class", "multilabel", "explicit"], help="default: the dataset's")
     p.add_argument("--max-grade", type=int, default=8, help="cap on graded relevance (labels in common), default 8")
+    p.add_argument("--hashtable", nargs="+", default=[], metavar="KxL",
+                   help="hashtable-bucket paradigm: L tables of K-bit substrings, e.g. 8x8 16x4")
     p.add_argument("--engine", choices=["flow", "local"], default="flow",
                    help="flow: Prefect + Dask (default); local: threads in this process")
     p.add_argument("--address", help="existing Dask scheduler, tcp://HOST:PORT")
@@ -188,6 +190,7 @@ def _evaluate_into(a):
     options = dict(
         k=a.k, radius=a.radius, beta=a.beta, empty_queries=a.empty_queries, relevance=a.relevance,
         max_grade=a.max_grade, query_block_rows=a.query_block_rows, db_block_rows=a.db_block_rows,
+        hashtable=a.hashtable,
     )
     cache = False if a.no_cache else a.cache
     if a.engine == "local":

@@ -24,6 +24,8 @@ from hashdist.dataset import Dataset, combine_digests, open_dataset
 from hashdist.errors import InputError
 from hashdist.kernels import KERNEL_VERSION
 from hashdist.kernels.codecounts import ball_lookup_table, code_counts, max_bucket_within, merge_code_counts
+from hashdist.codeusage import bit_ones_block, code_usage
+from hashdist.kernels.hashtable import hashtable_counts
 from hashdist.kernels.histogram import histogram_block
 from hashdist.metrics.summary import MetricParams, aggregate, concat_per_query, per_query_metrics
 
@@ -64,7 +66,7 @@ class Plan:
     query_blocks: tuple[tuple[int, int], ...]
     histogram_blocks: tuple[HistogramBlock, ...]
     count_blocks: tuple[CountBlock, ...]
-    codes_key: str  # the whole database's code counts
+    hashtables: tuple[tuple[int, int], ...] = ()  # (K bits, L tables) per hashtable-bucket setting
 
     @property
     def pairs(self) -> int:
@@ -102,6 +104,7 @@ def make_plan(
     max_radius: int = 2,
     query_block_rows: int | None = None,
     db_block_rows: int | None = None,
+    hashtables: tuple[tuple[int, int], ...] = (),
 ) -> Plan:
     """Blocks aligned to chunks, each keyed on the fingerprints of the rows it reads."""
     relevance = check_relevance(ds, relevance)
@@ -112,7 +115,7 @@ def make_plan(
     qrows = _aligned(query_block_rows, ds.chunk_rows("queries"), DEFAULT_QUERY_BLOCK_ROWS, "--query-block-rows")
     drows = _aligned(db_block_rows, ds.chunk_rows("database"), DEFAULT_DB_BLOCK_ROWS, "--db-block-rows")
     fp = ds.fingerprints
-    common = (KERNEL_VERSION, ds.nbits, relevance, max_grade)
+    common = (KERNEL_VERSION, ds.nbits, relevance, max_grade, *(f"{k}x{l}" for k, l in hashtables))
 
     def query_digest(q0, q1):
         rel = ds.relevant_digest(q0, q1) if relevance == "explicit" else fp["queries/labels"].rows_digest(q0, q1)
@@ -137,14 +140,15 @@ def make_plan(
         CountBlock(d0, d1, combine_digests(("code_counts", KERNEL_VERSION, fp["database/codes"].rows_digest(d0, d1))))
         for (d0, d1) in db_blocks
     )
-    codes_key = combine_digests(("all_code_counts", *(c.key for c in counts)))
-    return Plan(ds.url, ds.nbits, relevance, max_grade, max_radius, tuple(query_blocks), hist, counts, codes_key)
+    return Plan(ds.url, ds.nbits, relevance, max_grade, max_radius, tuple(query_blocks), hist, counts,
+                tuple(hashtables))
 
 
 # -- block computations (each opens the dataset itself, so it can run anywhere) --
 
 
-def compute_histogram(plan: Plan, block: HistogramBlock, ds: Dataset | None = None) -> np.ndarray:
+def compute_histogram(plan: Plan, block: HistogramBlock, ds: Dataset | None = None) -> dict[str, np.ndarray]:
+    """The block's partial results: ``H`` and, per hashtable setting, per-query TP and retrieved counts."""
     ds = ds or open_dataset(plan.url)
     qc = ds.codes("queries", block.q0, block.q1)
     dc = ds.codes("database", block.d0, block.d1)
@@ -153,51 +157,69 @@ def compute_histogram(plan: Plan, block: HistogramBlock, ds: Dataset | None = No
     else:
         qrel = ds.labels("queries", block.q0, block.q1)
         drel = ds.labels("database", block.d0, block.d1)
-    return histogram_block(
-        qc, dc, plan.nbits, plan.relevance, qrel, drel, db_start=block.d0, max_grade=plan.max_grade
-    )
+    result = {
+        "H": histogram_block(qc, dc, plan.nbits, plan.relevance, qrel, drel, db_start=block.d0,
+                             max_grade=plan.max_grade)
+    }
+    for k, l in plan.hashtables:
+        tp, retrieved = hashtable_counts(qc, dc, plan.nbits, k, l, qrel, drel, plan.relevance, db_start=block.d0)
+        result[f"hashtable_tp/{k}x{l}"] = tp
+        result[f"hashtable_retrieved/{k}x{l}"] = retrieved
+    return result
 
 
-def cached_histogram(plan: Plan, block: HistogramBlock, cache: BlockCache) -> tuple[np.ndarray, bool]:
-    """(H, True if it came from the cache)."""
+def cached_histogram(plan: Plan, block: HistogramBlock, cache: BlockCache) -> tuple[dict[str, np.ndarray], bool]:
+    """(the block's partial results, True if they came from the cache)."""
     hit = cache.get(block.key)
-    if hit is not None and hit.get("H") is not None and hit["H"].shape[0] == block.q1 - block.q0:
-        return hit["H"], True
-    H = compute_histogram(plan, block)
-    cache.put(block.key, {"H": H})
-    return H, False
+    if hit is not None and "H" in hit and hit["H"].shape[0] == block.q1 - block.q0:
+        return hit, True
+    result = compute_histogram(plan, block)
+    cache.put(block.key, result)
+    return result, False
 
 
-def cached_code_counts(plan: Plan, block: CountBlock, cache: BlockCache) -> tuple[np.ndarray, np.ndarray]:
+def add_partials(total: dict | None, part: dict) -> dict:
+    """Exact integer sum of two blocks' partial results for the same queries."""
+    return dict(part) if total is None else {key: total[key] + part[key] for key in total}
+
+
+def cached_code_counts(plan: Plan, block: CountBlock, cache: BlockCache) -> dict[str, np.ndarray]:
+    """Distinct codes with counts, and per-bit set counts, of one database block."""
     hit = cache.get(block.key)
     if hit is not None:
-        return hit["codes"], hit["counts"]
-    codes, counts = code_counts(open_dataset(plan.url).codes("database", block.d0, block.d1))
-    cache.put(block.key, {"codes": codes, "counts": counts})
-    return codes, counts
+        return hit
+    words = open_dataset(plan.url).codes("database", block.d0, block.d1)
+    codes, counts = code_counts(words)
+    result = {"codes": codes, "counts": counts, "bit_ones": bit_ones_block(words, plan.nbits)}
+    cache.put(block.key, result)
+    return result
 
 
 @dataclass(frozen=True)
 class CodeTable:
-    """The database's distinct codes with their counts, and the ball lookup table (built once per run)."""
+    """The database's distinct codes with their counts, the ball lookup table (built once per run)
+    and how many items have each bit set."""
 
     codes: np.ndarray
     counts: np.ndarray
     slots: np.ndarray | None
+    bit_ones: np.ndarray
 
 
 def code_table(plan: Plan, parts) -> CodeTable:
-    codes, counts = merge_code_counts(parts)
-    return CodeTable(codes, counts, ball_lookup_table(codes, plan.nbits, plan.max_radius))
+    parts = list(parts)
+    codes, counts = merge_code_counts([(p["codes"], p["counts"]) for p in parts])
+    bit_ones = np.sum([p["bit_ones"] for p in parts], axis=0)
+    return CodeTable(codes, counts, ball_lookup_table(codes, plan.nbits, plan.max_radius), bit_ones)
 
 
-def query_block_metrics(
-    plan: Plan, q0: int, q1: int, H: np.ndarray, table: CodeTable, params: MetricParams
-) -> dict[str, np.ndarray]:
-    """M_k and every per-query value for one query block from its summed histogram."""
+def query_block_metrics(plan: Plan, q0: int, q1: int, partials: dict, table: CodeTable, params: MetricParams):
+    """M_k and every per-query value for one query block from its summed partial results."""
     queries = open_dataset(plan.url).codes("queries", q0, q1)
     M = max_bucket_within(queries, table.codes, table.counts, plan.nbits, plan.max_radius, table.slots)
-    return per_query_metrics(H, M, params)
+    per_query = per_query_metrics(partials["H"], M, params)
+    per_query.update({key: value for key, value in partials.items() if key.startswith("hashtable_")})
+    return per_query
 
 
 # -- running a whole plan in this process --------------------------------------
@@ -211,15 +233,18 @@ class RunResult:
     queries: dict
     per_query: dict[str, np.ndarray]
     code_counts: np.ndarray  # items per distinct database code
+    code_usage: dict
     blocks: dict  # {total, computed, cached}
     timing: dict = field(default_factory=dict)
 
 
-def finish(plan: Plan, params: MetricParams, per_query_parts, code_totals, computed: int, cached: int) -> RunResult:
+def finish(plan: Plan, params: MetricParams, per_query_parts, table: CodeTable, computed: int, cached: int):
+    """Concatenate per-query values, aggregate them, and summarise the database's code usage."""
     per_query = concat_per_query(list(per_query_parts))
     metrics, queries = aggregate(per_query, params)
+    usage = code_usage(table.counts, table.bit_ones, int(table.counts.sum()), plan.nbits)
     blocks = {"total": len(plan.histogram_blocks), "computed": computed, "cached": cached}
-    return RunResult(metrics, queries, per_query, code_totals, blocks)
+    return RunResult(metrics, queries, per_query, table.counts, usage, blocks)
 
 
 def run_local(plan: Plan, params: MetricParams, cache: BlockCache, *, threads: int | None = None, progress=None):
@@ -232,11 +257,11 @@ def run_local(plan: Plan, params: MetricParams, cache: BlockCache, *, threads: i
     t0 = time.perf_counter()
     with ThreadPoolExecutor(threads) as pool:
         counts = list(pool.map(lambda b: cached_code_counts(plan, b, cache), plan.count_blocks))
-        sums: dict[int, np.ndarray] = {}
-        for block, (H, was_cached) in zip(
+        sums: dict[int, dict] = {}
+        for block, (part, was_cached) in zip(
             plan.histogram_blocks, pool.map(lambda b: cached_histogram(plan, b, cache), plan.histogram_blocks)
         ):
-            sums[block.q0] = H if block.q0 not in sums else sums[block.q0] + H
+            sums[block.q0] = add_partials(sums.get(block.q0), part)
             cached += was_cached
             computed += not was_cached
             if progress:
@@ -245,6 +270,6 @@ def run_local(plan: Plan, params: MetricParams, cache: BlockCache, *, threads: i
         table = code_table(plan, counts)
         t2 = time.perf_counter()
         parts = pool.map(lambda q: query_block_metrics(plan, q[0], q[1], sums[q[0]], table, params), plan.query_blocks)
-        result = finish(plan, params, parts, table.counts, computed, cached)
+        result = finish(plan, params, parts, table, computed, cached)
     result.timing = {"compute_s": t1 - t0, "reduce_s": t2 - t1, "metrics_s": time.perf_counter() - t2}
     return result

@@ -96,6 +96,14 @@ def format_table(report: dict) -> str:
             f"{_fmt(m['mlgap_at_radius'][r]):>10}"
         )
     lines.append(f"AUPRC step {_fmt(m['auprc']['step'])}, trapezoid {_fmt(m['auprc']['trapezoid'])}")
+    for setting, h in m.get("hashtable", {}).items():
+        lines.append(f"hashtable {setting} (L tables of K bits): P {_fmt(h['precision'])}, R {_fmt(h['recall'])}, "
+                     f"F-beta {_fmt(h['f_beta'])}")
+    usage = report.get("code_usage")
+    if usage:
+        lines.append(f"code usage: {usage['distinct_codes']} distinct codes, largest bucket {usage['max_bucket']}, "
+                     f"{100 * usage['collision_fraction']:.1f}% of items share their code, entropy "
+                     f"{usage['entropy_bits']:.2f} bits ({usage['entropy_ratio']:.3f} of B)")
     q = report["queries"]
     lines.append(f"queries: {q['evaluated']} evaluated of {q['total']} ({q['without_relevant']} without relevant items)")
     return "\n".join(lines)

@@ -27,7 +27,7 @@ def test_ingest_round_trip_and_histogram_matches_brute_force(tmp_path):
     assert (unpack_bits(ds.codes("queries", 0, ds.n_queries), 70) == q).all()
     plan = make_plan(ds, db_block_rows=256)
     assert len(plan.histogram_blocks) == 3  # 700 rows in blocks of 2 chunks of 128
-    H = sum(compute_histogram(plan, b) for b in plan.histogram_blocks)
+    H = sum(compute_histogram(plan, b)["H"] for b in plan.histogram_blocks)
     dist = ((q[:, None, :] == 1) != (db[None, :, :] == 1)).sum(-1)
     rel = np.load(p["ql"])[:, None] == np.load(p["dbl"])[None, :]
     expected = np.zeros_like(H)
@@ -134,3 +134,23 @@ def test_report_outputs(class_dataset, tmp_path):
 
     per_query = zarr.open_group(str(out / "per_query.zarr"), mode="r")
     assert per_query["ap.expected"].shape == (report["queries"]["total"],)
+
+
+def test_hashtable_paradigm_and_code_usage_in_the_report(class_dataset):
+    from hashdist.codeusage import bit_ones_block, code_usage
+    from hashdist.kernels.hashtable import hashtable_counts
+    from hashdist.metrics.radius import micro_scores
+
+    ev = evaluate_local(class_dataset, cache=False, hashtable=["4x3", "6x2"], query_block_rows=16, db_block_rows=500)
+    ds = open_dataset(class_dataset)
+    qc, dc = ds.codes("queries", 0, ds.n_queries), ds.codes("database", 0, ds.n_database)
+    ql, dl = ds.labels("queries", 0, ds.n_queries), ds.labels("database", 0, ds.n_database)
+    R = (ql[:, None] == dl[None, :]).sum(axis=1)
+    evaluated = R > 0
+    for setting, (k, l) in (("4x3", (4, 3)), ("6x2", (6, 2))):
+        tp, retrieved = hashtable_counts(qc, dc, ds.nbits, k, l, ql, dl, "class")
+        expected = micro_scores(int(tp[evaluated].sum()), int((retrieved - tp)[evaluated].sum()),
+                                int((R - tp)[evaluated].sum()), 1.0)
+        assert ev.report["metrics"]["hashtable"][setting] == expected
+    _, counts = np.unique(dc[:, 0], return_counts=True)
+    assert ev.report["code_usage"] == code_usage(counts, bit_ones_block(dc, ds.nbits), ds.n_database, ds.nbits)

@@ -3,4 +3,4 @@
 Bump KERNEL_VERSION whenever a kernel's output could change: block caches key on it.
 """
 
-KERNEL_VERSION = 1
+KERNEL_VERSION = 2

@@ -113,6 +113,12 @@ def aggregate(pq: dict[str, np.ndarray], params: MetricParams) -> tuple[dict, di
     m["pr_curve"] = rad.pr_curve_from_counts(TP, FP, FN)
     m["auprc"] = rad.auprc(m["pr_curve"])
     m["mlgap_at_radius"] = {str(r): _mean(pq[f"lgap_at_radius/{r}"], evaluated, zero) for r in params.radii}
+    m["hashtable"] = {}
+    for key in sorted(k for k in pq if k.startswith("hashtable_tp/")):
+        setting = key.split("/", 1)[1]  # "KxL": L tables of K-bit substrings, micro over evaluated queries
+        tp = int(pq[key][evaluated].sum())
+        retrieved_items = int(pq[f"hashtable_retrieved/{setting}"][evaluated].sum())
+        m["hashtable"][setting] = rad.micro_scores(tp, retrieved_items - tp, int(R[evaluated].sum()) - tp, params.beta)
     retrieved = pq["retrieved_at_radius"][evaluated]
     m["retrieved_nothing_at_radius"] = {str(r): int((retrieved[:, r] == 0).sum()) for r in params.radii}
     queries = {"total": int(len(R)), "evaluated": int(evaluated.sum()), "without_relevant": int((R == 0).sum())}

@@ -168,3 +168,24 @@ def test_concurrent_run_into_the_same_output_is_refused(tmp_path, capsys, datase
             assert_refused(capsys, _ingest(files, target), "another hashdist run", target)
     status, _ = run_cli(capsys, "evaluate", dataset, "--out", out, "--engine", "local")
     assert status == 0 and (out / "report.json").is_file()
+
+
+@pytest.mark.parametrize(
+    "damage, needle",
+    [
+        (lambda g, p: g.attrs.update({"format_version": 99}), "format version 99"),
+        (lambda g, p: g.attrs.update({"nbits": 200}), "needs (rows, 4) uint64"),
+        (lambda g, p: __import__("shutil").rmtree(p / "database" / "labels"), "database/labels"),
+    ],
+)
+def test_damaged_dataset_is_refused(tmp_path, capsys, dataset, damage, needle):
+    import zarr
+
+    damage(zarr.open_group(str(dataset), mode="r+"), dataset)
+    out = tmp_path / "report"
+    assert_refused(capsys, ["evaluate", dataset, "--out", out, "--engine", "local", "--no-cache"], needle, out)
+
+
+def test_bad_hashtable_setting(tmp_path, capsys, dataset):
+    out = tmp_path / "report"
+    assert_refused(capsys, ["evaluate", dataset, "--out", out, "--engine", "local", "--hashtable", "8x2"], "8x2", out)

@@ -13,8 +13,6 @@ import math
 import numpy as np
 from numba import njit
 
-DEFAULT_BLOCK_ROWS = 262144
-
 
 @njit(nogil=True)
 def _bit_ones(words, out):
@@ -35,14 +33,6 @@ def bit_ones_block(codes_words: np.ndarray, nbits: int) -> np.ndarray:
     out = np.zeros(words.shape[1] * 64, dtype=np.int64)
     _bit_ones(words, out)
     return out[:nbits]
-
-
-def database_bit_ones(ds, block_rows: int = DEFAULT_BLOCK_ROWS) -> np.ndarray:
-    """bit_ones over a dataset's whole database, read in blocks of rows."""
-    total = np.zeros(ds.nbits, dtype=np.int64)
-    for start in range(0, ds.n_database, block_rows):
-        total += bit_ones_block(ds.codes("database", start, min(start + block_rows, ds.n_database)), ds.nbits)
-    return total
 
 
 def code_usage(code_counts: np.ndarray, bit_ones: np.ndarray, n_items: int, nbits: int) -> dict:

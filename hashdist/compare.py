@@ -41,7 +41,6 @@ from pathlib import Path
 import numpy as np
 
 from hashdist.atomic import replace_directory, temporary_sibling
-from hashdist.codeusage import code_usage, database_bit_ones
 from hashdist.dataset import Dataset, chunk_digest, combine_digests, open_dataset
 from hashdist.errors import InputError
 from hashdist.report import json_safe
@@ -224,7 +223,7 @@ def build_comparison(methods, datasets, evaluations, *, k, radius, permutations=
     }
     out_methods, occupancy = {}, {}
     for i, (m, ds, ev) in enumerate(zip(methods, datasets, evaluations)):
-        usage = code_usage(ev.code_counts, database_bit_ones(ds), ds.n_database, ds.nbits)
+        usage = ev.report["code_usage"]
         occupancy[m.name] = np.sort(np.asarray(ev.code_counts))[::-1]
         out_methods[m.name] = {
             "dataset": m.dataset,

@@ -4,8 +4,7 @@ import numpy as np
 import pytest
 
 from hashdist.bits import pack_bits
-from hashdist.codeusage import bit_ones_block, code_usage, database_bit_ones
-from hashdist.dataset import open_dataset
+from hashdist.codeusage import bit_ones_block, code_usage
 from hashdist.kernels.codecounts import code_counts
 
 
@@ -43,9 +42,3 @@ def test_extremes():
     assert all_distinct["collision_fraction"] == 0.0 and all_distinct["max_bucket"] == 1
     with pytest.raises(ValueError):
         code_usage(np.array([3, 4]), np.zeros(4), 8, 4)
-
-
-def test_database_bit_ones_reads_blocks(class_dataset):
-    ds = open_dataset(class_dataset)
-    whole = bit_ones_block(ds.codes("database", 0, ds.n_database), ds.nbits)
-    assert (database_bit_ones(ds, block_rows=700) == whole).all()

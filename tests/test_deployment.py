@@ -14,7 +14,7 @@ import pytest
 from hashdist.api import evaluate_local
 from hashdist.report import json_safe
 
-from tests.test_flow import free_port
+from tests.conftest import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 PREFECT = str(Path(sys.executable).parent / "prefect")

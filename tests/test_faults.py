@@ -13,7 +13,6 @@ import pytest
 
 from hashdist.api import evaluate_local
 from tests.conftest import make_dataset
-from tests.test_flow import loopback_cluster  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.usefixtures("prefect_api")
 BIN = Path(sys.executable).parent
@@ -52,7 +51,7 @@ def test_transient_task_failure_is_retried(class_dataset, monkeypatch):
     assert _metrics(result) == _metrics(evaluate_local(class_dataset, cache=False))
 
 
-def test_killed_dask_worker_does_not_change_the_result(busy_dataset, loopback_cluster):  # noqa: F811
+def test_killed_dask_worker_does_not_change_the_result(busy_dataset, loopback_cluster):
     from flows.evaluate import run_evaluation
 
     address, procs = loopback_cluster

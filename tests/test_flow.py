@@ -1,29 +1,16 @@
 """The Prefect flow on real Dask clusters gives exactly the in-process result."""
 
 import json
-import os
-import socket
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import pytest
 
 from hashdist.api import evaluate_local
 
 pytestmark = pytest.mark.usefixtures("prefect_api")
-BIN = Path(sys.executable).parent
 
 
 def _metrics(evaluation):
     return json.dumps(evaluation.report["metrics"], sort_keys=True)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_flow_on_local_cluster_equals_single_process(class_dataset, tmp_path):
@@ -40,44 +27,6 @@ def test_flow_on_local_cluster_equals_single_process(class_dataset, tmp_path):
     rerun = run_evaluation(class_dataset, cache=tmp_path / "cache", query_block_rows=16, db_block_rows=500)
     assert rerun.report["blocks"]["computed"] == 0
     assert _metrics(rerun) == _metrics(local)
-
-
-@pytest.fixture
-def loopback_cluster():
-    """`dask scheduler` and two `dask worker` processes on 127.0.0.1, reaching the test Prefect API."""
-    from prefect.settings import PREFECT_API_URL
-
-    port = free_port()
-    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "PREFECT_LOGGING_LEVEL": "WARNING"}
-    address = f"tcp://127.0.0.1:{port}"
-    procs = [subprocess.Popen([str(BIN / "dask"), "scheduler", "--host", "127.0.0.1", "--port", str(port),
-                               "--no-dashboard"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
-    try:
-        for _ in range(2):
-            procs.append(subprocess.Popen([str(BIN / "dask"), "worker", address, "--host", "127.0.0.1",
-                                           "--nthreads", "1", "--no-dashboard"], env=env,
-                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        from distributed import Client
-
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with Client(address, timeout=5) as client:
-                    client.wait_for_workers(2, timeout=60)
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.5)
-        yield address, procs
-    finally:
-        for p in procs[::-1]:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                p.kill()
 
 
 def test_flow_on_external_loopback_cluster_equals_single_process(class_dataset, loopback_cluster):

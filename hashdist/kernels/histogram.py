@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 from numba import njit
 
-from hashdist.kernels.popcount import common_bits, hamming, popcount64
+from hashdist.kernels.popcount import hamming
 
 TILE = 8
 

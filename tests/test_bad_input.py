@@ -132,10 +132,14 @@ def test_evaluate_refuses_foreign_output_directory(tmp_path, capsys, dataset):
     assert (out / "precious.txt").read_text() == "keep me"
 
 
-def test_corrupted_chunk_is_named(tmp_path, capsys, dataset):
+@pytest.mark.parametrize("damage", ["flip", "truncate"])
+def test_corrupted_chunk_is_named(tmp_path, capsys, dataset, damage):
     chunk = sorted((dataset / "database" / "codes").rglob("c/*/*"))[0]
     data = bytearray(chunk.read_bytes())
-    data[-1] ^= 0xFF
+    if damage == "flip":
+        data[-1] ^= 0xFF
+    else:
+        del data[len(data) // 2 :]
     chunk.write_bytes(bytes(data))
     out = tmp_path / "report"
     assert_refused(capsys, ["evaluate", dataset, "--out", out, "--engine", "local", "--no-cache"],

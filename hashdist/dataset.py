@@ -418,26 +418,37 @@ class DatasetWriter:
 def append_database_rows(url, words: np.ndarray, labels: np.ndarray | None) -> Dataset:
     """Append database rows (and their labels) to an existing local dataset, updating fingerprints.
 
-    Rows are written first and the fingerprints last, so an interrupted append is
-    detected on the next open (row counts disagree with the recorded fingerprints).
+    The dataset is copied to a temporary sibling, extended there and renamed into
+    place, so an interrupted append leaves the previous complete dataset.
     """
     ds = open_dataset(url)
+    if not _is_local(ds.url):
+        raise InputError(f"{ds.url}: appending needs a dataset on the local filesystem")
     if ds.has("queries/relevant/indptr"):
         raise InputError(f"{url}: cannot append database rows to a dataset with explicit ground truth")
     if words.shape[1] != ds.n_words:
         raise InputError(f"{url}: appended codes have {words.shape[1]} words per code, dataset has {ds.n_words}")
-    group = zarr.open_group(store=ds.url, mode="r+")
-    names = ["database/codes"] + (["database/labels"] if ds.has("database/labels") else [])
     if ds.has("database/labels") != (labels is not None):
         raise InputError(f"{url}: appended rows must have labels exactly when the dataset does")
-    fingerprints = dict(group.attrs["fingerprints"])
-    for name, block in zip(names, (words, labels)):
-        fp = ds.fingerprints[name]
-        array = zarr.open_array(store=ds.url, path=name, mode="r+", config={"write_empty_chunks": True})
-        w = _ArrayWriter(array, fp.chunk_rows, fp.chunks, fp.rows)
-        w.append(block)
-        fingerprints[name] = w.close().to_json()
-    group.attrs["fingerprints"] = fingerprints
+    final = _local_path(ds.url)
+    names = ["database/codes"] + (["database/labels"] if ds.has("database/labels") else [])
+    with exclusive(final):
+        tmp = temporary_sibling(final)
+        shutil.copytree(final, tmp)
+        try:
+            group = zarr.open_group(store=str(tmp), mode="r+")
+            fingerprints = dict(group.attrs["fingerprints"])
+            for name, block in zip(names, (words, labels)):
+                fp = ds.fingerprints[name]
+                array = zarr.open_array(store=str(tmp), path=name, mode="r+", config={"write_empty_chunks": True})
+                w = _ArrayWriter(array, fp.chunk_rows, fp.chunks, fp.rows)
+                w.append(block)
+                fingerprints[name] = w.close().to_json()
+            group.attrs["fingerprints"] = fingerprints
+            replace_directory(tmp, final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
     return open_dataset(url)
 
 

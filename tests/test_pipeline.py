@@ -154,3 +154,25 @@ def test_hashtable_paradigm_and_code_usage_in_the_report(class_dataset):
         assert ev.report["metrics"]["hashtable"][setting] == expected
     _, counts = np.unique(dc[:, 0], return_counts=True)
     assert ev.report["code_usage"] == code_usage(counts, bit_ones_block(dc, ds.nbits), ds.n_database, ds.nbits)
+
+
+def test_interrupted_append_leaves_the_previous_dataset(tmp_path, monkeypatch):
+    import hashdist.dataset as dataset_module
+
+    p = write_inputs(tmp_path, n_db=600, n_q=10)
+    ingest(tmp_path / "d.zarr", p["db"], p["q"], db_labels=p["dbl"], query_labels=p["ql"], chunk_rows=256)
+    before = open_dataset(tmp_path / "d.zarr").fingerprint
+    real_close = dataset_module._ArrayWriter.close
+    calls = {"n": 0}
+
+    def crash_on_labels(self):
+        calls["n"] += 1
+        if calls["n"] == 2:  # codes written, labels not yet
+            raise KeyboardInterrupt
+        return real_close(self)
+
+    monkeypatch.setattr(dataset_module._ArrayWriter, "close", crash_on_labels)
+    with pytest.raises(KeyboardInterrupt):
+        append(tmp_path / "d.zarr", p["db"], p["dbl"])
+    assert open_dataset(tmp_path / "d.zarr").fingerprint == before
+    assert [x.name for x in tmp_path.iterdir() if x.name.startswith(".d.zarr.") and "lock" not in x.name] == []

@@ -134,6 +134,31 @@ def _run_synth(a):
     return f"wrote {a.out}"
 
 
+def _add_execution_options(p):
+    """Where blocks run (engine, cluster), how large they are, and the block cache."""
+    p.add_argument("--engine", choices=["flow", "local"], default="flow",
+                   help="flow: Prefect + Dask (default); local: threads in this process")
+    p.add_argument("--address", help="existing Dask scheduler, tcp://HOST:PORT")
+    p.add_argument("--cluster-class", help="per-run cluster class, e.g. dask_jobqueue.SLURMCluster")
+    p.add_argument("--cluster-kwargs", default="{}", help="JSON keyword arguments for --cluster-class")
+    p.add_argument("--workers", type=int, help="local cluster: worker count (default 1)")
+    p.add_argument("--threads", type=int, help="local cluster: threads per worker (default: all cores)")
+    p.add_argument("--query-block-rows", type=int, help="queries per block (rounded up to whole chunks)")
+    p.add_argument("--db-block-rows", type=int, help="database rows per block (rounded up to whole chunks)")
+    p.add_argument("--cache", help="block result store (default: the per-user cache)")
+    p.add_argument("--no-cache", action="store_true", help="compute every block, store nothing")
+
+
+def _cluster_kwargs(a) -> dict:
+    try:
+        kwargs = json.loads(a.cluster_kwargs)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"--cluster-kwargs is not valid JSON: {exc}") from None
+    if not isinstance(kwargs, dict):
+        raise InputError("--cluster-kwargs must be a JSON object")
+    return kwargs
+
+
 def _add_evaluate(sub):
     p = sub.add_parser(
         "evaluate",
@@ -153,17 +178,7 @@ def _add_evaluate(sub):
     p.add_argument("--max-grade", type=int, default=8, help="cap on graded relevance (labels in common), default 8")
     p.add_argument("--hashtable", nargs="+", default=[], metavar="KxL",
                    help="hashtable-bucket paradigm: L tables of K-bit substrings, e.g. 8x8 16x4")
-    p.add_argument("--engine", choices=["flow", "local"], default="flow",
-                   help="flow: Prefect + Dask (default); local: threads in this process")
-    p.add_argument("--address", help="existing Dask scheduler, tcp://HOST:PORT")
-    p.add_argument("--cluster-class", help="per-run cluster class, e.g. dask_jobqueue.SLURMCluster")
-    p.add_argument("--cluster-kwargs", default="{}", help="JSON keyword arguments for --cluster-class")
-    p.add_argument("--workers", type=int, help="local cluster: worker count (default 1)")
-    p.add_argument("--threads", type=int, help="local cluster: threads per worker (default: all cores)")
-    p.add_argument("--query-block-rows", type=int, help="queries per block (rounded up to whole chunks)")
-    p.add_argument("--db-block-rows", type=int, help="database rows per block (rounded up to whole chunks)")
-    p.add_argument("--cache", help="block result store (default: the per-user cache)")
-    p.add_argument("--no-cache", action="store_true", help="compute every block, store nothing")
+    _add_execution_options(p)
     p.add_argument("--no-html", action="store_true", help="skip report.html")
     p.add_argument("--json", action="store_true", help="print report.json instead of the table")
     p.add_argument("--overwrite", action="store_true", help="replace DIR even if it is not a hashdist report")
@@ -181,12 +196,7 @@ def _evaluate_into(a):
     from hashdist.report import check_output_dir, format_table, json_safe
 
     check_output_dir(a.out, a.overwrite)
-    try:
-        cluster_kwargs = json.loads(a.cluster_kwargs)
-    except json.JSONDecodeError as exc:
-        raise InputError(f"--cluster-kwargs is not valid JSON: {exc}") from None
-    if not isinstance(cluster_kwargs, dict):
-        raise InputError("--cluster-kwargs must be a JSON object")
+    cluster_kwargs = _cluster_kwargs(a)
     options = dict(
         k=a.k, radius=a.radius, beta=a.beta, empty_queries=a.empty_queries, relevance=a.relevance,
         max_grade=a.max_grade, query_block_rows=a.query_block_rows, db_block_rows=a.db_block_rows,
@@ -277,27 +287,12 @@ def _add_groundtruth(sub):
     p.add_argument("--seed", type=int, help="epsilon_ball: seed of the sample (default 0)")
     p.add_argument("--epsilon", type=float, help="epsilon_ball: use this radius instead of estimating it")
     p.add_argument("--percent", type=float, help="top_percent: percentage of the database (default 2)")
-    p.add_argument("--engine", choices=["flow", "local"], default="flow",
-                   help="flow: Prefect + Dask (default); local: threads in this process")
-    p.add_argument("--address", help="existing Dask scheduler, tcp://HOST:PORT")
-    p.add_argument("--cluster-class", help="per-run cluster class, e.g. dask_jobqueue.SLURMCluster")
-    p.add_argument("--cluster-kwargs", default="{}", help="JSON keyword arguments for --cluster-class")
-    p.add_argument("--workers", type=int, help="local cluster: worker count (default 1)")
-    p.add_argument("--threads", type=int, help="local cluster: threads per worker (default: all cores)")
-    p.add_argument("--query-block-rows", type=int, help="queries per block (rounded up to whole chunks)")
-    p.add_argument("--db-block-rows", type=int, help="database rows per block (rounded up to whole chunks)")
-    p.add_argument("--cache", help="block result store (default: the per-user cache)")
-    p.add_argument("--no-cache", action="store_true", help="compute every block, store nothing")
+    _add_execution_options(p)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
 def _run_groundtruth(a):
-    try:
-        cluster_kwargs = json.loads(a.cluster_kwargs)
-    except json.JSONDecodeError as exc:
-        raise InputError(f"--cluster-kwargs is not valid JSON: {exc}") from None
-    if not isinstance(cluster_kwargs, dict):
-        raise InputError("--cluster-kwargs must be a JSON object")
+    cluster_kwargs = _cluster_kwargs(a)
     options = dict(method=a.method, neighbors=a.neighbors, sample=a.sample, seed=a.seed, epsilon=a.epsilon,
                    percent=a.percent, query_block_rows=a.query_block_rows, db_block_rows=a.db_block_rows)
     cache = False if a.no_cache else a.cache

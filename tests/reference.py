@@ -183,6 +183,16 @@ def n_arrangements(dist, grade):
     return total
 
 
+def _equally_likely_arrangements(per_group):
+    """Yield (probability, ranked grade list) over the product of each group's orders, all equally likely."""
+    total = 1
+    for p in per_group:
+        total *= len(p)
+    prob = Fraction(1, total)
+    for combo in itertools.product(*per_group):
+        yield prob, [g for part in combo for g in part]
+
+
 def arrangements(dist, grade):
     """Yield (probability, ranked grade list) for every distinct arrangement of the tie groups.
 
@@ -190,24 +200,12 @@ def arrangements(dist, grade):
     multiset permutation of the group's grades has the same probability, and the
     groups are independent, so each full arrangement has probability 1/total.
     """
-    per_group = [list(multiset_permutations(gs)) for _, gs in tie_groups(dist, grade)]
-    total = 1
-    for p in per_group:
-        total *= len(p)
-    prob = Fraction(1, total)
-    for combo in itertools.product(*per_group):
-        yield prob, [g for part in combo for g in part]
+    return _equally_likely_arrangements([list(multiset_permutations(gs)) for _, gs in tie_groups(dist, grade)])
 
 
 def arrangements_by_item_permutation(dist, grade):
     """Slow cross-check of :func:`arrangements`: every permutation of the (labelled) items per group."""
-    per_group = [list(itertools.permutations(gs)) for _, gs in tie_groups(dist, grade)]
-    total = 1
-    for p in per_group:
-        total *= len(p)
-    prob = Fraction(1, total)
-    for combo in itertools.product(*per_group):
-        yield prob, [g for part in combo for g in part]
+    return _equally_likely_arrangements([list(itertools.permutations(gs)) for _, gs in tie_groups(dist, grade)])
 
 
 # ----------------------------------------------------------------------------

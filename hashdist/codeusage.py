@@ -14,7 +14,7 @@ import numpy as np
 from numba import njit
 
 
-@njit(nogil=True)
+@njit(nogil=True, cache=True)
 def _bit_ones(words, out):
     for j in range(words.shape[0]):
         for w in range(words.shape[1]):

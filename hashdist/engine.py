@@ -216,7 +216,8 @@ def code_table(plan: Plan, parts) -> CodeTable:
 def query_block_metrics(plan: Plan, q0: int, q1: int, partials: dict, table: CodeTable, params: MetricParams):
     """M_k and every per-query value for one query block from its summed partial results."""
     queries = open_dataset(plan.url).codes("queries", q0, q1)
-    M = max_bucket_within(queries, table.codes, table.counts, plan.nbits, plan.max_radius, table.slots)
+    shells = partials["H"][:, : plan.max_radius + 1, :].sum(axis=2)
+    M = max_bucket_within(queries, table.codes, table.counts, plan.nbits, plan.max_radius, table.slots, shells)
     per_query = per_query_metrics(partials["H"], M, params)
     per_query.update({key: value for key, value in partials.items() if key.startswith("hashtable_")})
     return per_query

@@ -527,6 +527,8 @@ def test_lgap_and_max_bucket(data, r):
         codes, counts = dw, np.zeros(0, dtype=np.int64)
     got_M = max_bucket_within(qw, codes, counts.astype(np.int64), B, r)
     assert np.array_equal(got_M, M), (got_M, M)
+    shells = H.sum(axis=2)[:, : r + 1]  # items at each distance let most queries skip the search
+    assert np.array_equal(max_bucket_within(qw, codes, counts.astype(np.int64), B, r, shell_counts=shells), M)
     got = lgap_at_radius(H, M, r)
     for q in range(H.shape[0]):
         want = ref.to_float(ref.lgap_items(D[q], Gr[q], M[q], B, r))
@@ -551,8 +553,39 @@ def test_max_bucket_within_ball_path(cfg, seed):
     dw = ref.pack_bits_reference(dbbits)
     codes, counts = np.unique(dw, axis=0, return_counts=True)
     assert 4 * V < len(codes) or B == 4
-    got = max_bucket_within(ref.pack_bits_reference(qbits), codes, counts.astype(np.int64), B, radius)
-    assert np.array_equal(got, ref.max_bucket_bruteforce(qbits, dbbits, radius))
+    want = ref.max_bucket_bruteforce(qbits, dbbits, radius)
+    qw = ref.pack_bits_reference(qbits)
+    assert np.array_equal(max_bucket_within(qw, codes, counts.astype(np.int64), B, radius), want)
+    D = ref.hamming_bruteforce(qbits, dbbits)
+    shells = np.stack([(D == k).sum(axis=1) for k in range(radius + 1)], axis=1)
+    got = max_bucket_within(qw, codes, counts.astype(np.int64), B, radius, shell_counts=shells)
+    assert np.array_equal(got, want)
+
+
+@settings(max_examples=40, **SETTINGS)
+@given(st.sampled_from([(12, 2), (16, 2), (64, 2), (65, 1)]), st.integers(0, 2**32 - 1))
+def test_max_bucket_within_shell_shortcut_small_buckets(cfg, seed):
+    """Buckets of 1-3 items close to the queries, so shell counts are near M_{k-1}: the search
+    may be skipped only where it cannot raise M_k (both the ball and the scan path)."""
+    B, radius = cfg
+    rng = np.random.default_rng(seed)
+    qbits = rng.integers(0, 2, (6, B))
+    near = []
+    for q in qbits:
+        for _ in range(int(rng.integers(0, 6))):
+            code = q.copy()
+            code[rng.choice(B, int(rng.integers(0, radius + 1)), replace=False)] ^= 1
+            near += [code] * int(rng.integers(1, 4))
+    far = rng.integers(0, 2, (8 * ref.ball_volume(B, radius) + 50, B))
+    dbbits = np.vstack([far, *near]) if near else far
+    dw, qw = ref.pack_bits_reference(dbbits), ref.pack_bits_reference(qbits)
+    codes, counts = np.unique(dw, axis=0, return_counts=True)
+    D = ref.hamming_bruteforce(qbits, dbbits)
+    shells = np.stack([(D == k).sum(axis=1) for k in range(radius + 1)], axis=1)
+    want = ref.max_bucket_bruteforce(qbits, dbbits, radius)
+    for slots in ("auto", None):
+        got = max_bucket_within(qw, codes, counts.astype(np.int64), B, radius, slots, shell_counts=shells)
+        assert np.array_equal(got, want), (slots, got, want)
 
 
 # --- histogram kernel ------------------------------------------------------------------

@@ -93,40 +93,60 @@ def _lookup(slots, codes, key):
 
 
 @njit(nogil=True, cache=True)
-def _max_count_by_ball(queries, codes, counts, slots, nbits, radius, out):
-    """out[q, k] = largest count at distance exactly k, by flipping every k-subset of bits."""
+def _max_count_by_ball(queries, codes, counts, slots, nbits, radius, shells, cmax, out):
+    """out[q, k] = M_k. Shell k (the codes at distance exactly k) is enumerated, flipping every
+    k-subset of bits, only when its item count ``shells[q, k]`` (-1: unknown) could raise M."""
     key = np.empty(queries.shape[1], dtype=np.uint64)
     pos = np.empty(max(radius, 1), dtype=np.int64)
     for q in range(queries.shape[0]):
+        best = 0
         for k in range(radius + 1):
-            # iterate over all k-subsets pos[0] < ... < pos[k-1] of range(nbits)
-            for i in range(k):
-                pos[i] = i
-            while True:
-                key[:] = queries[q]
+            shell = shells[q, k]
+            if shell == 1 and best == 0:
+                best = 1
+            elif (shell < 0 or shell > best) and best < cmax:
+                ceiling = cmax if shell < 0 else min(shell, cmax)  # no bucket in the shell holds more
+                # iterate over all k-subsets pos[0] < ... < pos[k-1] of range(nbits)
                 for i in range(k):
-                    key[pos[i] >> 6] ^= np.uint64(1) << np.uint64(pos[i] & 63)
-                found = _lookup(slots, codes, key)
-                if found >= 0 and counts[found] > out[q, k]:
-                    out[q, k] = counts[found]
-                # next subset
-                i = k - 1
-                while i >= 0 and pos[i] == nbits - k + i:
-                    i -= 1
-                if i < 0:
-                    break
-                pos[i] += 1
-                for m in range(i + 1, k):
-                    pos[m] = pos[m - 1] + 1
+                    pos[i] = i
+                while best < ceiling:
+                    key[:] = queries[q]
+                    for i in range(k):
+                        key[pos[i] >> 6] ^= np.uint64(1) << np.uint64(pos[i] & 63)
+                    found = _lookup(slots, codes, key)
+                    if found >= 0 and counts[found] > best:
+                        best = counts[found]
+                    # next subset
+                    i = k - 1
+                    while i >= 0 and pos[i] == nbits - k + i:
+                        i -= 1
+                    if i < 0:
+                        break
+                    pos[i] += 1
+                    for m in range(i + 1, k):
+                        pos[m] = pos[m - 1] + 1
+            out[q, k] = best
 
 
 @njit(nogil=True, cache=True)
-def _max_count_by_scan(queries, codes, counts, radius, out):
+def _max_count_by_scan(queries, codes, counts, radius, shells, cmax, out):
+    """out[q, k] = M_k, scanning the distinct codes for queries with a shell of >= 2 (or -1: unknown) items."""
+    exact = np.zeros(radius + 1, dtype=np.int64)
     for q in range(queries.shape[0]):
-        for u in range(codes.shape[0]):
-            d = hamming(queries[q], codes[u])
-            if d <= radius and counts[u] > out[q, d]:
-                out[q, d] = counts[u]
+        scan = False
+        for k in range(radius + 1):
+            shell = shells[q, k]
+            exact[k] = min(shell, 1) if shell >= 0 else 0
+            scan |= shell < 0 or (shell > 1 and cmax > 1)
+        if scan:
+            for u in range(codes.shape[0]):
+                d = hamming(queries[q], codes[u])
+                if d <= radius and counts[u] > exact[d]:
+                    exact[d] = counts[u]
+        best = 0
+        for k in range(radius + 1):
+            best = max(best, exact[k])
+            out[q, k] = best
 
 
 def ball_lookup_table(codes: np.ndarray, nbits: int, radius: int) -> np.ndarray | None:
@@ -140,12 +160,15 @@ def ball_lookup_table(codes: np.ndarray, nbits: int, radius: int) -> np.ndarray 
 
 
 def max_bucket_within(
-    queries: np.ndarray, codes: np.ndarray, counts: np.ndarray, nbits: int, radius: int, slots="auto"
+    queries: np.ndarray, codes: np.ndarray, counts: np.ndarray, nbits: int, radius: int, slots="auto",
+    shell_counts: np.ndarray | None = None,
 ) -> np.ndarray:
     """M_k for k = 0..radius: (Q, radius + 1) int64, 0 where the ball holds no database item.
 
     ``slots`` from :func:`ball_lookup_table` (default: built here) selects ball enumeration;
-    ``None`` scans the distinct codes.
+    ``None`` scans the distinct codes. ``shell_counts[q, k]``, the number of database items at
+    distance exactly k (from the histogram), lets most queries skip the search: a shell of
+    0 or 1 items, or of no more items than M_{k-1}, cannot raise M_k beyond what it already is.
     """
     queries = np.ascontiguousarray(queries, dtype=np.uint64)
     codes = np.ascontiguousarray(codes, dtype=np.uint64)
@@ -153,10 +176,14 @@ def max_bucket_within(
     radius = min(radius, nbits)
     if isinstance(slots, str):
         slots = ball_lookup_table(codes, nbits, radius)
-    exact = np.zeros((queries.shape[0], radius + 1), dtype=np.int64)
-    if len(codes):
-        if slots is not None:
-            _max_count_by_ball(queries, codes, counts, slots, nbits, radius, exact)
-        else:
-            _max_count_by_scan(queries, codes, counts, radius, exact)
-    return np.maximum.accumulate(exact, axis=1)
+    if shell_counts is None:
+        shells = np.full((queries.shape[0], radius + 1), -1 if len(codes) else 0, dtype=np.int64)
+    else:
+        shells = np.ascontiguousarray(shell_counts[:, : radius + 1], dtype=np.int64)
+    cmax = int(counts.max()) if len(counts) else 0
+    out = np.zeros((queries.shape[0], radius + 1), dtype=np.int64)
+    if slots is not None:
+        _max_count_by_ball(queries, codes, counts, slots, nbits, radius, shells, cmax, out)
+    else:
+        _max_count_by_scan(queries, codes, counts, radius, shells, cmax, out)
+    return out

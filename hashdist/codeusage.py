@@ -16,15 +16,13 @@ from numba import njit
 
 @njit(nogil=True, cache=True)
 def _bit_ones(words, out):
-    for j in range(words.shape[0]):
-        for w in range(words.shape[1]):
-            x = words[j, w]
-            i = w * 64
-            while x:
-                if x & np.uint64(1):
-                    out[i] += 1
-                x >>= np.uint64(1)
-                i += 1
+    for w in range(words.shape[1]):
+        for b in range(64):
+            shift = np.uint64(b)
+            ones = 0
+            for j in range(words.shape[0]):
+                ones += np.int64((words[j, w] >> shift) & np.uint64(1))
+            out[w * 64 + b] = ones
 
 
 def bit_ones_block(codes_words: np.ndarray, nbits: int) -> np.ndarray:

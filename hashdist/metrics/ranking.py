@@ -37,8 +37,21 @@ def _check_k(k) -> int:
 
 def group_counts(H: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Items n[q, d] and relevant items r[q, d] at each distance."""
-    H = np.asarray(H)
-    return H.sum(axis=2), H[:, :, 1:].sum(axis=2)
+    return _group_counts(np.ascontiguousarray(H, dtype=np.int64))
+
+
+@njit(nogil=True, cache=True)
+def _group_counts(H):
+    n = np.empty(H.shape[:2], dtype=np.int64)
+    r = np.empty(H.shape[:2], dtype=np.int64)
+    for q in range(H.shape[0]):
+        for d in range(H.shape[1]):
+            relevant = 0
+            for g in range(1, H.shape[2]):
+                relevant += H[q, d, g]
+            r[q, d] = relevant
+            n[q, d] = relevant + H[q, d, 0]
+    return n, r
 
 
 # -- AP ------------------------------------------------------------------------

@@ -1,10 +1,13 @@
 """The main job: a Prefect 3 flow that evaluates a dataset on a Dask cluster.
 
-Thin orchestration over ``hashdist.engine``: one task per histogram block and per
-database code-count block (each reads its own Zarr rows on the worker and returns
-only its partial histogram or code counts), an exact integer sum per query block
-as results arrive, then one metrics task per query block. Block results are
-cached by content in a ``BlockCache`` directory (shared storage on a cluster).
+Thin orchestration over ``hashdist.engine``. The plan's blocks are the unit of
+caching; Prefect tasks take runs of them, because each Prefect task costs tens of
+milliseconds of submission in the flow process: about two histogram tasks per
+cluster thread (more for very large runs), each reading its own Zarr rows on the
+worker and returning only partial histograms summed per query block; one task for
+the database's code counts; then about one metrics task per cluster thread. The
+flow sums the partial histograms (exact integers) as they arrive. Block results
+are cached by content in a ``BlockCache`` directory (shared storage on a cluster).
 
 Run it through ``hashdist evaluate`` or :func:`run_evaluation`; deploy the flow
 ``evaluate`` itself (see deploy/prefect.yaml).
@@ -13,6 +16,7 @@ Run it through ``hashdist evaluate`` or :func:`run_evaluation`; deploy the flow
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import time
@@ -20,6 +24,7 @@ import time
 from prefect import flow, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
+from prefect.context import FlowRunContext
 from prefect.futures import as_completed
 from prefect_dask import DaskTaskRunner
 
@@ -27,10 +32,11 @@ from hashdist.api import Evaluation, build_report, prepare, resolve_cache
 from hashdist.engine import (
     add_partials,
     cached_code_counts,
-    cached_histogram,
     code_table,
     finish,
     query_block_metrics,
+    split_by_pairs,
+    sum_histogram_blocks,
 )
 
 # Results travel through Dask, never through Prefect's result storage: no caching,
@@ -38,19 +44,30 @@ from hashdist.engine import (
 _TASK_OPTIONS = dict(cache_policy=NO_CACHE, persist_result=False, retries=2, retry_delay_seconds=1)
 
 
-@task(name="histogram-block", **_TASK_OPTIONS)
-def histogram_task(plan, block, cache_dir):
-    return cached_histogram(plan, block, resolve_cache(cache_dir))
+# pairs one histogram task may take (a few seconds of one core): the floor on task count for huge runs
+PAIRS_PER_TASK = 2e10
+
+
+@task(name="histogram-blocks", **_TASK_OPTIONS)
+def histogram_task(plan, blocks, cache_dir):
+    return sum_histogram_blocks(plan, blocks, resolve_cache(cache_dir))
 
 
 @task(name="code-counts", **_TASK_OPTIONS)
-def code_counts_task(plan, block, cache_dir):
-    return cached_code_counts(plan, block, resolve_cache(cache_dir))
+def code_counts_task(plan, blocks, cache_dir):
+    cache = resolve_cache(cache_dir)
+    return [cached_code_counts(plan, block, cache) for block in blocks]
 
 
 @task(name="query-block-metrics", **_TASK_OPTIONS)
-def metrics_task(plan, q0, q1, partials, table, params):
-    return query_block_metrics(plan, q0, q1, partials, table, params)
+def metrics_task(plan, query_blocks, partials, table, params):
+    return [query_block_metrics(plan, q0, q1, partials[q0], table, params) for q0, q1 in query_blocks]
+
+
+def _cluster_threads() -> int:
+    """Worker threads of the flow's Dask cluster (at least 1)."""
+    client = FlowRunContext.get().task_runner.client
+    return max(1, sum(client.nthreads().values()))
 
 
 def _progress_bar(total: int, enabled: bool):
@@ -125,25 +142,31 @@ def evaluate(
     cache_dir = resolve_cache(cache).directory
     cache_arg = False if cache_dir is None else str(cache_dir)
 
-    count_futures = [code_counts_task.submit(plan, b, cache_arg) for b in plan.count_blocks]
-    hist_futures = {histogram_task.submit(plan, b, cache_arg): b for b in plan.histogram_blocks}
-    sums, computed, cached = {}, 0, 0
-    pairs_done = 0
-    with _progress_bar(len(hist_futures), progress) as bar:
+    threads = _cluster_threads()
+    runs = split_by_pairs(plan.histogram_blocks, max(2 * threads, math.ceil(plan.pairs / PAIRS_PER_TASK)))
+    counts_future = code_counts_task.submit(plan, plan.count_blocks, cache_arg)
+    hist_futures = {histogram_task.submit(plan, run, cache_arg): run for run in runs}
+    sums, computed, pairs_done = {}, 0, 0
+    with _progress_bar(len(plan.histogram_blocks), progress) as bar:
         for fut in as_completed(list(hist_futures)):
-            block = hist_futures[fut]
-            part, was_cached = fut.result()
-            sums[block.q0] = add_partials(sums.get(block.q0), part)
-            computed += not was_cached
-            cached += was_cached
-            pairs_done += block.pairs
-            bar.update(1)
+            run = hist_futures[fut]
+            run_sums, run_computed = fut.result()
+            for q0, part in run_sums.items():
+                sums[q0] = add_partials(sums.get(q0), part)
+            computed += run_computed
+            pairs_done += sum(block.pairs for block in run)
+            bar.update(len(run))
             bar.set_postfix_str(f"{pairs_done / max(time.time() - t_start, 1e-9):.3g} pairs/s")
+    cached = len(plan.histogram_blocks) - computed
     t_compute = time.time()
-    table = code_table(plan, [f.result() for f in count_futures])
+    table = code_table(plan, counts_future.result())
     t_reduce = time.time()
-    metric_futures = [metrics_task.submit(plan, q0, q1, sums.pop(q0), table, params) for q0, q1 in plan.query_blocks]
-    result = finish(plan, params, [f.result() for f in metric_futures], table, computed, cached)
+    groups = [plan.query_blocks[i::threads] for i in range(min(threads, len(plan.query_blocks)))]
+    metric_futures = [
+        metrics_task.submit(plan, group, {q0: sums.pop(q0) for q0, _ in group}, table, params) for group in groups
+    ]
+    parts = {q0: part for group, fut in zip(groups, metric_futures) for (q0, _), part in zip(group, fut.result())}
+    result = finish(plan, params, [parts[q0] for q0, _ in plan.query_blocks], table, computed, cached)
     t_metrics = time.time()
     started_at = started_at or t_start
     timing = {

@@ -183,6 +183,30 @@ def add_partials(total: dict | None, part: dict) -> dict:
     return dict(part) if total is None else {key: total[key] + part[key] for key in total}
 
 
+def sum_histogram_blocks(plan: Plan, blocks, cache: BlockCache) -> tuple[dict[int, dict], int]:
+    """Several blocks in turn: (summed partial results per query block start q0, blocks computed)."""
+    sums: dict[int, dict] = {}
+    computed = 0
+    for block in blocks:
+        part, was_cached = cached_histogram(plan, block, cache)
+        sums[block.q0] = add_partials(sums.get(block.q0), part)
+        computed += not was_cached
+    return sums, computed
+
+
+def split_by_pairs(blocks, parts: int) -> list[tuple[HistogramBlock, ...]]:
+    """Consecutive runs of blocks with about equal query-item pairs, at most ``parts`` of them."""
+    blocks = tuple(blocks)
+    total = sum(b.pairs for b in blocks)
+    runs, start, done = [], 0, 0
+    for i, block in enumerate(blocks):
+        done += block.pairs
+        if done * parts >= total * (len(runs) + 1) or i == len(blocks) - 1:
+            runs.append(blocks[start : i + 1])
+            start = i + 1
+    return runs
+
+
 def cached_code_counts(plan: Plan, block: CountBlock, cache: BlockCache) -> dict[str, np.ndarray]:
     """Distinct codes with counts, and per-bit set counts, of one database block."""
     hit = cache.get(block.key)

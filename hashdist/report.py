@@ -171,10 +171,13 @@ def plots(report: dict, per_query: dict, code_counts: np.ndarray) -> dict[str, s
     figs["map_interval"] = fig
 
     fig, ax = plt.subplots(figsize=(5, 4))
-    sizes = np.sort(np.asarray(code_counts))[::-1]
-    ax.plot(np.arange(1, len(sizes) + 1), sizes, drawstyle="steps-post")
+    # the rank-size steps, one point per run of equal bucket sizes (not one per distinct code)
+    sizes, runs = np.unique(np.asarray(code_counts), return_counts=True)
+    sizes, runs = sizes[::-1], runs[::-1]
+    ranks = np.concatenate([[1], 1 + np.cumsum(runs)])
+    ax.plot(ranks, np.append(sizes, sizes[-1:]), drawstyle="steps-post")
     ax.set(xscale="log", yscale="log", xlabel="distinct codes, most used first", ylabel="database items with the code",
-           title=f"code usage: {len(sizes)} distinct codes")
+           title=f"code usage: {int(runs.sum())} distinct codes")
     figs["code_usage"] = fig
 
     for name, fig in figs.items():

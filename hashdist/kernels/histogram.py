@@ -1,10 +1,15 @@
 """Per-block Hamming histograms ``H[q, d, g]``: database items at distance d with grade g.
 
 One kernel template serves every relevance kind. It walks the database block once
-per tile of 8 queries, keeping 8 independent histograms so consecutive increments
-never wait on each other, and never forms a distance matrix. Explicit ground truth
-is applied afterwards as a correction: each listed (query, item) pair moves one
-count from grade 0 to its grade, a merge-walk over the sorted CSR lists.
+per tile of 4 queries, a chunk of items at a time, in two phases: a vectorisable
+loop computes each pair's histogram cell (grade * (nbits + 1) + distance) for the
+chunk, then a scalar loop increments int32 counts at those cells, one slot after
+another so consecutive increments rarely hit the same counter. When the cells of
+two queries fit in a small joint table, a slot counts a pair of queries jointly
+(one increment per item for two queries) and the table's row and column sums
+become their histograms. No distance matrix is formed. Explicit ground truth is
+applied afterwards as a correction: each listed (query, item) pair moves one count
+from grade 0 to its grade, a merge-walk over the sorted CSR lists.
 """
 
 from __future__ import annotations
@@ -21,55 +26,85 @@ from numba import njit
 
 from hashdist.kernels.popcount import hamming
 
-TILE = 8
-
-# grade expression per relevance kind; `lab` is the database item's label, `l{t}` the query's
-# (single-word label rows are read as scalars)
-_GRADE = {
-    "none": "0",
-    "class": "(lab == l{t})",
-    "multilabel": "min(common_bits(l{t}, lab), {max_grade})",
-    "multilabel1": "min(popcount64(l{t} & lab), {max_grade})",
-}
+TILE = 4
+CHUNK = 512  # database items per phase; a tile's cell buffer stays in L1
+MAX_JOINT_CELLS = 258**2  # largest joint table per query pair (B=128 class, B=257 explicit)
+MAX_UNROLLED_WORDS = 8
+MAX_BLOCK_ROWS = 2**31 - 1  # a tile counts into int32 tables
 
 
-MAX_UNROLLED_WORDS = 4
-MAX_BLOCK_ROWS = 2**31 - 1  # a tile counts into int32 scratch histograms
+def _kernel_source(kind: str, words: int, label_words: int, tile: int, grades: int, ncols: int, joint: bool) -> str:
+    """Source of one kernel counting ``grades`` grades into H's ``ncols`` grade columns.
 
-
-def _kernel_source(kind: str, words: int, tile: int, ncols: int) -> str:
-    """Source of one kernel; ``words`` in 1..MAX_UNROLLED_WORDS unrolls the code words, 0 loops."""
+    ``words`` (``label_words`` for multilabel rows) in 1..MAX_UNROLLED_WORDS unrolls the
+    words over word-major database arrays ``dc[w, j]``; 0 loops over each item's row.
+    ``joint`` pairs queries (2s, 2s + 1) in slot s of ncell * ncell counts, else each
+    query has a slot of ncell counts.
+    """
     if words:
         code = "; ".join(f"a{{t}}_{w} = qc[q + {{t}}, {w}]" for w in range(words))
-        item = "; ".join(f"c_{w} = dc[j, {w}]" for w in range(words))
-        dist = " + ".join(f"popcount64(a{{t}}_{w} ^ c_{w})" for w in range(words))
+        item = "; ".join(f"c{w} = dc[{w}, j0 : j0 + C]" for w in range(words))
+        dist = " + ".join(f"popcount64(a{{t}}_{w} ^ c{w}[j])" for w in range(words))
     else:
-        code, item, dist = "a{t} = qc[q + {t}]", "c = dc[j]", "hamming(a{t}, c)"
-    label = "qr[q + {t}, 0]" if kind == "multilabel1" else "qr[q + {t}]"
-    label_item = "dr[j, 0]" if kind == "multilabel1" else "dr[j]"
-    grade = _GRADE[kind]
+        code, item, dist = "a{t} = qc[q + {t}]", "c = dc[j0 : j0 + C]", "hamming(a{t}, c[j])"
+    if kind == "multilabel" and label_words:
+        label = "; ".join(f"l{{t}}_{w} = qr[q + {{t}}, {w}]" for w in range(label_words))
+        item_label = "; ".join(f"r{w} = dr[{w}, j0 : j0 + C]" for w in range(label_words))
+        common = " + ".join(f"popcount64(l{{t}}_{w} & r{w}[j])" for w in range(label_words))
+        grade = f"min({common}, {grades - 1})"
+    else:
+        label, item_label = "l{t} = qr[q + {t}]", "r = dr[j0 : j0 + C]"
+        grade = {"none": "0", "class": "(r[j] == l{t})", "multilabel": f"min(common_bits(l{{t}}, r[j]), {grades - 1})"}[kind]
+    cell = f"(({grade}) * nbd + {dist})"
 
     def per_query(fmt, indent=8):
-        return "\n".join(" " * indent + fmt.format(t=t, max_grade=ncols - 1) for t in range(tile))
+        return "\n".join(" " * indent + fmt.format(t=t) for t in range(tile))
 
+    if joint:
+        slots, span = tile // 2, "ncell * ncell"
+        cells = [f"{cell.format(t=2 * s)} * ncell + {cell.format(t=2 * s + 1)}" for s in range(slots)]
+        sums = """            Js = J[s * ncell * ncell : (s + 1) * ncell * ncell].reshape(ncell, ncell)
+            for u in range(ncell):
+                row = 0
+                for v in range(ncell):
+                    row += Js[u, v]
+                    m[2 * s + 1, v] += Js[u, v]
+                m[2 * s, u] += row"""
+    else:
+        slots, span = tile, "ncell"
+        cells = [cell.format(t=s) for s in range(slots)]
+        sums = "            m[s] += J[s * ncell : (s + 1) * ncell]"
+    fill = "\n".join(f"""            cs = cells[{s}]
+            for j in range(C):
+                cs[j] = {s} * {span} + {cells[s]}""" for s in range(slots))
+    count = "\n".join(f"                J[cells[{s}, j]] += 1" for s in range(slots))
     return f"""
 def kernel(qc, qr, dc, dr, H):
     Q = qc.shape[0]
-    N = dc.shape[0]
-    nb = H.shape[1]
-    scratch = np.zeros(({tile}, nb), dtype=np.int32)
+    N = dc.shape[{1 if words else 0}]
+    nbd = H.shape[1] // {ncols}
+    ncell = {grades} * nbd
+    J = np.zeros({slots} * {span}, dtype=np.int32)
+    m = np.zeros(({tile}, ncell), dtype=np.int64)
+    cells = np.empty(({slots}, {CHUNK}), dtype=np.uint32)
     for q in range(0, Q - Q % {tile}, {tile}):
 {per_query(code)}
-{per_query("l{t} = " + label)}
-{per_query("h{t} = scratch[{t}]")}
-        scratch[:] = 0
-        for j in range(N):
+{per_query(label)}
+        for j0 in range(0, N, {CHUNK}):
+            C = min({CHUNK}, N - j0)
             {item}
-            lab = {label_item}
-{per_query(f"h{{t}}[({dist}) * {ncols} + {grade}] += 1", indent=12)}
+            {item_label}
+{fill}
+            for j in range(C):
+{count}
+        for s in range({slots}):
+{sums}
+        J[:] = 0
         for t in range({tile}):
-            for b in range(nb):
-                H[q + t, b] += scratch[t, b]
+            for g in range({grades}):
+                for d in range(nbd):
+                    H[q + t, d * {ncols} + g] += m[t, g * nbd + d]
+        m[:] = 0
 """
 
 
@@ -89,15 +124,13 @@ def _kernel_module_dir() -> Path:
     return default_cache_dir() / "kernels"
 
 
-def _compile(kind: str, words: int, tile: int, ncols: int):
+def _compile(*key):
     """Write the kernel's source to a module file (named by its digest) and import it.
 
     A real file lets numba's on-disk cache keep the compiled kernel between processes;
     if the cache directory is not writable the kernel is compiled in memory instead.
     """
-    source = _MODULE_HEADER + "\n\n@njit(nogil=True, boundscheck=False, cache=True)" + _kernel_source(
-        kind, words, tile, ncols
-    )
+    source = _MODULE_HEADER + "\n\n@njit(nogil=True, boundscheck=False, cache=True)" + _kernel_source(*key)
     name = "hashdist_kernel_" + hashlib.sha256(source.encode()).hexdigest()[:20]
     try:
         directory = _kernel_module_dir()
@@ -122,8 +155,8 @@ _KERNELS: dict = {}
 _COMPILE_LOCK = threading.Lock()
 
 
-def _kernel(kind: str, words: int, tile: int, ncols: int):
-    key = (kind, words, tile, ncols)
+def _kernel(kind: str, words: int, label_words: int, tile: int, grades: int, ncols: int, joint: bool):
+    key = (kind, words, label_words, tile, grades, ncols, joint)
     with _COMPILE_LOCK:
         if key not in _KERNELS:
             _KERNELS[key] = _compile(*key)
@@ -185,26 +218,31 @@ def histogram_block(
     dc = np.ascontiguousarray(db_codes, dtype=np.uint64)
     ncols = n_grades(kind, max_grade)
     H = np.zeros((qc.shape[0], nbits + 1, ncols), dtype=np.int64)
-    flat = H.reshape(qc.shape[0], -1)
+    flat = H.reshape(qc.shape[0], (nbits + 1) * ncols)
     words = qc.shape[1] if qc.shape[1] <= MAX_UNROLLED_WORDS else 0
+    label_words, grades = 0, ncols
     if kind == "class":
-        base_kind = kind
         qr, dr = _as_int32_labels(query_rel, db_rel)
     elif kind == "multilabel":
         qr = np.ascontiguousarray(query_rel, dtype=np.uint64)
         dr = np.ascontiguousarray(db_rel, dtype=np.uint64)
-        base_kind = "multilabel1" if qr.shape[1] == 1 else kind
+        if qr.shape[1] <= MAX_UNROLLED_WORDS:
+            label_words, dr = qr.shape[1], np.ascontiguousarray(dr.T)  # word-major
     elif kind == "explicit":
-        base_kind = "none"
+        grades = 1
         qr = np.zeros(qc.shape[0], dtype=np.int32)
         dr = np.zeros(dc.shape[0], dtype=np.int32)
     else:
         raise ValueError(f"unknown relevance kind {kind!r}")
+    base_kind = "none" if kind == "explicit" else kind
+    items = np.ascontiguousarray(dc.T) if words else dc  # word-major
+    joint = (grades * (nbits + 1)) ** 2 <= MAX_JOINT_CELLS
     bulk = qc.shape[0] - qc.shape[0] % TILE
     if bulk:
-        _kernel(base_kind, words, TILE, ncols)(qc[:bulk], qr[:bulk], dc, dr, flat[:bulk])
+        kernel = _kernel(base_kind, words, label_words, TILE, grades, ncols, joint)
+        kernel(qc[:bulk], qr[:bulk], items, dr, flat[:bulk])
     if bulk < qc.shape[0]:
-        _kernel(base_kind, words, 1, ncols)(qc[bulk:], qr[bulk:], dc, dr, flat[bulk:])
+        _kernel(base_kind, words, label_words, 1, grades, ncols, False)(qc[bulk:], qr[bulk:], items, dr, flat[bulk:])
     if kind == "explicit":
         indptr, indices, grades = (np.ascontiguousarray(a, dtype=np.int64) for a in query_rel)
         _apply_explicit(qc, dc, db_start, indptr, indices, grades, max_grade, H)

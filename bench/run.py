@@ -211,6 +211,79 @@ def bench_warm(data: Path) -> dict:
                          "flow_over_kernel": (r["flow_work_s"] - r["kernel_s"]) / r["kernel_s"]}}
 
 
+def _start_loopback_cluster(workers: int, threads: int, env: dict):
+    """`dask scheduler` + `dask worker --nworkers W --nthreads T` on 127.0.0.1; returns (address, processes)."""
+    import socket
+
+    from distributed import Client
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    address = f"tcp://127.0.0.1:{port}"
+    quiet = dict(env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    procs = [subprocess.Popen([str(BIN / "dask"), "scheduler", "--host", "127.0.0.1", "--port", str(port),
+                               "--no-dashboard"], **quiet)]
+    procs.append(subprocess.Popen([str(BIN / "dask"), "worker", address, "--host", "127.0.0.1", "--nworkers",
+                                   str(workers), "--nthreads", str(threads), "--no-dashboard"], **quiet))
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            with Client(address, timeout=5) as client:
+                client.wait_for_workers(workers, timeout=60)
+            return address, procs
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
+def bench_cluster(work: Path, data: Path, shapes=((1, 1), (2, 1), (1, 2))):
+    """The flow on a loopback `dask scheduler` + workers, for workers x threads shapes; the blocks phase."""
+    env = {**os.environ, "PREFECT_LOGGING_LEVEL": "WARNING"}
+    rows = []
+    for workers, threads in shapes:
+        address, procs = _start_loopback_cluster(workers, threads, env)
+        try:
+            out = work / "cluster-report"
+            cmd = [str(BIN / "hashdist"), "evaluate", str(data), "--out", str(out), "--no-cache", "--quiet",
+                   "--overwrite", "--no-html", "--address", address]
+            subprocess.run(cmd, check=True, capture_output=True, env=env)  # workers load the kernels
+            secs, _ = run_timed(cmd, env)
+            rep = json.loads((out / "report.json").read_text())
+        finally:
+            for p in procs[::-1]:
+                p.terminate()
+            for p in procs:
+                p.wait(timeout=30)
+        t = rep["timing"]
+        rows.append({"workers": workers, "threads": threads, "process_s": secs, **t,
+                     "pairs_per_s_compute": rep["throughput"]["pairs"] / t["compute_s"]})
+    return rows
+
+
+def bench_block_sizes(data: Path, sizes=((512, 262144), (2048, 65536), (2048, 262144), (8192, 262144),
+                                         (2048, 1048576))):
+    """The local engine in one warm process for several (query block rows, database block rows)."""
+    code = f"""
+import json, resource, sys
+from hashdist.api import evaluate_local
+rows = []
+for qrows, drows in {sizes!r}:
+    runs = [evaluate_local({str(data)!r}, cache=False, query_block_rows=qrows, db_block_rows=drows).report
+            for _ in range(2)]
+    t = min((r["timing"] for r in runs), key=lambda t: t["compute_s"])
+    rows.append({{"query_block_rows": qrows, "db_block_rows": drows, "blocks": runs[0]["blocks"]["total"], **t,
+                 "pairs_per_s_compute": runs[0]["throughput"]["pairs"] / t["compute_s"]}})
+print(json.dumps(rows))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**os.environ, "PREFECT_LOGGING_LEVEL": "WARNING"})
+    if out.returncode != 0:
+        raise RuntimeError(out.stderr[-3000:])
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def bench_scaling(work: Path, sizes_db, sizes_q):
     from hashdist.synth import synth_dataset
 
@@ -255,6 +328,20 @@ def markdown(results) -> str:
                   f"through Prefect + Dask {o['flow_work_s']:.2f} s. Prefect + Dask overhead "
                   f"{100 * o['prefect_dask_over_kernel']:.0f}% of the bare kernel time; everything beyond the kernel "
                   f"{100 * o['flow_over_kernel']:.0f}%."]
+    if results.get("cluster"):
+        lines += ["", "## Loopback Dask cluster (`dask scheduler` + `dask worker` on 127.0.0.1, flow, new process)", "",
+                  "| workers | threads each | blocks phase s | blocks pairs/s | metrics s | wall s |",
+                  "| --- | --- | --- | --- | --- | --- |"]
+        for r in results["cluster"]:
+            lines.append(f"| {r['workers']} | {r['threads']} | {r['compute_s']:.2f} | {r['pairs_per_s_compute']:.3g} | "
+                         f"{r['metrics_s']:.2f} | {r['wall_s']:.1f} |")
+    if results.get("block_sizes"):
+        lines += ["", "## Block sizes (local engine, warm, all cores)", "",
+                  "| query block rows | database block rows | blocks | blocks phase s | pairs/s |",
+                  "| --- | --- | --- | --- | --- |"]
+        for r in results["block_sizes"]:
+            lines.append(f"| {r['query_block_rows']} | {r['db_block_rows']} | {r['blocks']} | {r['compute_s']:.2f} | "
+                         f"{r['pairs_per_s_compute']:.3g} |")
     lines += ["", "## Scaling (local engine, new process each)", "",
               "| N | Q | process s | compute s | compute pairs/s | peak RSS MiB |", "| --- | --- | --- | --- | --- | --- |"]
     for r in results["scaling"]:
@@ -286,6 +373,10 @@ def main():
     with tempfile.TemporaryDirectory(prefix="hashdist-bench-") as tmp:
         print("end to end ...", file=sys.stderr)
         results["end_to_end"] = bench_end_to_end(Path(tmp), preset)
+        print("loopback cluster and block sizes ...", file=sys.stderr)
+        results["cluster"] = bench_cluster(Path(tmp), Path(tmp) / "flickr.zarr")
+        results["block_sizes"] = bench_block_sizes(Path(tmp) / "flickr.zarr", **(
+            {"sizes": ((256, 16384), (1024, 65536))} if a.quick else {}))
         print("scaling ...", file=sys.stderr)
         results["scaling"] = bench_scaling(Path(tmp), scale_db, scale_q)
     results["peak_rss_bench_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

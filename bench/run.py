@@ -284,6 +284,43 @@ print(json.dumps(rows))
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+# frames where a thread waits rather than works (py-spy's idle detection misses some)
+_WAITING = ("threading.py", "selectors.py", "queue.py", "concurrent/futures/thread.py", "concurrent/futures/_base.py")
+# where CPU time goes: the first category whose marker is on a sample's stack
+_CATEGORIES = (
+    ("histogram kernel", "histogram_block ("),
+    ("M_k (mLGAP bucket sizes)", "max_bucket_within ("),
+    ("per-query metrics", "per_query_metrics ("),
+    ("code counts and bit balance", "cached_code_counts ("),
+    ("reading Zarr blocks", "Dataset.read ("),
+    ("summing partial histograms", "add_partials"),
+    ("writing report, plots, per_query.zarr", "write_outputs ("),
+    ("Prefect task submission", "Task.submit ("),
+    ("Prefect task-run machinery on workers", "run_task_sync ("),
+    ("imports", "_find_and_load ("),
+    ("numba: loading compiled kernels", "numba/"),
+)
+
+
+def bench_profile(work: Path, data: Path) -> dict:
+    """py-spy over a cold `hashdist evaluate` (flow): CPU seconds per category, all threads, waits left out."""
+    raw = work / "profile.txt"
+    cmd = [str(BIN / "py-spy"), "record", "--rate", "200", "--format", "raw", "--output", str(raw), "--",
+           str(BIN / "hashdist"), "evaluate", str(data), "--out", str(work / "profile-report"), "--no-cache",
+           "--quiet", "--overwrite"]
+    out = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PREFECT_LOGGING_LEVEL": "WARNING"})
+    if out.returncode != 0:
+        return {"error": f"py-spy failed: {out.stderr.strip()[-300:]}"}
+    seconds: dict[str, float] = {}
+    for line in raw.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if any(w in stack.rpartition(";")[2] for w in _WAITING):
+            continue
+        label = next((name for name, marker in _CATEGORIES if marker in stack), "other (Prefect, Dask, Python)")
+        seconds[label] = seconds.get(label, 0.0) + int(count) / 200
+    return {"cpu_seconds": sum(seconds.values()), "categories": dict(sorted(seconds.items(), key=lambda kv: -kv[1]))}
+
+
 def bench_scaling(work: Path, sizes_db, sizes_q):
     from hashdist.synth import synth_dataset
 
@@ -342,6 +379,12 @@ def markdown(results) -> str:
         for r in results["block_sizes"]:
             lines.append(f"| {r['query_block_rows']} | {r['db_block_rows']} | {r['blocks']} | {r['compute_s']:.2f} | "
                          f"{r['pairs_per_s_compute']:.3g} |")
+    prof = results.get("profile")
+    if prof and "categories" in prof:
+        lines += ["", f"## Profile: py-spy over a cold `hashdist evaluate` (flow), {prof['cpu_seconds']:.1f} CPU s "
+                  "in all threads, waits left out", "", "| where | CPU s | share |", "| --- | --- | --- |"]
+        for name, secs in prof["categories"].items():
+            lines.append(f"| {name} | {secs:.2f} | {100 * secs / prof['cpu_seconds']:.0f}% |")
     lines += ["", "## Scaling (local engine, new process each)", "",
               "| N | Q | process s | compute s | compute pairs/s | peak RSS MiB |", "| --- | --- | --- | --- | --- | --- |"]
     for r in results["scaling"]:
@@ -377,6 +420,8 @@ def main():
         results["cluster"] = bench_cluster(Path(tmp), Path(tmp) / "flickr.zarr")
         results["block_sizes"] = bench_block_sizes(Path(tmp) / "flickr.zarr", **(
             {"sizes": ((256, 16384), (1024, 65536))} if a.quick else {}))
+        print("profile ...", file=sys.stderr)
+        results["profile"] = bench_profile(Path(tmp), Path(tmp) / "flickr.zarr")
         print("scaling ...", file=sys.stderr)
         results["scaling"] = bench_scaling(Path(tmp), scale_db, scale_q)
     results["peak_rss_bench_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

@@ -1,15 +1,20 @@
 """Per-block Hamming histograms ``H[q, d, g]``: database items at distance d with grade g.
 
-One kernel template serves every relevance kind. It walks the database block once
-per tile of 4 queries, a chunk of items at a time, in two phases: a vectorisable
-loop computes each pair's histogram cell (grade * (nbits + 1) + distance) for the
-chunk, then a scalar loop increments int32 counts at those cells, one slot after
-another so consecutive increments rarely hit the same counter. When the cells of
-two queries fit in a small joint table, a slot counts a pair of queries jointly
-(one increment per item for two queries) and the table's row and column sums
-become their histograms. No distance matrix is formed. Explicit ground truth is
-applied afterwards as a correction: each listed (query, item) pair moves one count
-from grade 0 to its grade, a merge-walk over the sorted CSR lists.
+One kernel template serves every relevance kind. It walks segments (a run of queries
+against a run of database items) per tile of 4 queries, a chunk of items at a time,
+in two phases: a vectorisable loop computes each pair's histogram cell
+(grade * (nbits + 1) + distance) for the chunk, then a scalar loop increments int32
+counts at those cells, one slot after another so consecutive increments rarely hit
+the same counter. When the cells of two queries fit in a small joint table, a slot
+counts a pair of queries jointly (one increment per item for two queries) and the
+table's row and column sums become their histograms. No distance matrix is formed.
+
+Class labels with few relevant pairs take a cheaper route: distances of all items
+are counted without grades (small joint tables), the block is grouped by label so
+each query's same-label items form one run, and grade 1 is counted over those runs
+only; grade 0 is the difference. Explicit ground truth is applied afterwards as a
+correction: each listed (query, item) pair moves one count from grade 0 to its
+grade, a merge-walk over the sorted CSR lists.
 """
 
 from __future__ import annotations
@@ -31,10 +36,15 @@ CHUNK = 512  # database items per phase; a tile's cell buffer stays in L1
 MAX_JOINT_CELLS = 258**2  # largest joint table per query pair (B=128 class, B=257 explicit)
 MAX_UNROLLED_WORDS = 8
 MAX_BLOCK_ROWS = 2**31 - 1  # a tile counts into int32 tables
+MAX_RELEVANT_FRACTION = 0.2  # class split: at most this share of same-label pairs...
+MIN_SPLIT_QUERIES = 256  # ...and enough queries to pay for grouping the block by label
 
 
 def _kernel_source(kind: str, words: int, label_words: int, tile: int, grades: int, ncols: int, joint: bool) -> str:
     """Source of one kernel counting ``grades`` grades into H's ``ncols`` grade columns.
+
+    The kernel adds, for each row (q0, q1, d0, d1) of ``segments``, the histograms of
+    queries q0:q1 (a multiple of ``tile`` of them) against database items d0:d1.
 
     ``words`` (``label_words`` for multilabel rows) in 1..MAX_UNROLLED_WORDS unrolls the
     words over word-major database arrays ``dc[w, j]``; 0 loops over each item's row.
@@ -57,54 +67,54 @@ def _kernel_source(kind: str, words: int, label_words: int, tile: int, grades: i
         grade = {"none": "0", "class": "(r[j] == l{t})", "multilabel": f"min(common_bits(l{{t}}, r[j]), {grades - 1})"}[kind]
     cell = f"(({grade}) * nbd + {dist})"
 
-    def per_query(fmt, indent=8):
+    def per_query(fmt, indent=12):
         return "\n".join(" " * indent + fmt.format(t=t) for t in range(tile))
 
     if joint:
         slots, span = tile // 2, "ncell * ncell"
         cells = [f"{cell.format(t=2 * s)} * ncell + {cell.format(t=2 * s + 1)}" for s in range(slots)]
-        sums = """            Js = J[s * ncell * ncell : (s + 1) * ncell * ncell].reshape(ncell, ncell)
-            for u in range(ncell):
-                row = 0
-                for v in range(ncell):
-                    row += Js[u, v]
-                    m[2 * s + 1, v] += Js[u, v]
-                m[2 * s, u] += row"""
+        sums = """                Js = J[s * ncell * ncell : (s + 1) * ncell * ncell].reshape(ncell, ncell)
+                for u in range(ncell):
+                    row = 0
+                    for v in range(ncell):
+                        row += Js[u, v]
+                        m[2 * s + 1, v] += Js[u, v]
+                    m[2 * s, u] += row"""
     else:
         slots, span = tile, "ncell"
         cells = [cell.format(t=s) for s in range(slots)]
-        sums = "            m[s] += J[s * ncell : (s + 1) * ncell]"
-    fill = "\n".join(f"""            cs = cells[{s}]
-            for j in range(C):
-                cs[j] = {s} * {span} + {cells[s]}""" for s in range(slots))
-    count = "\n".join(f"                J[cells[{s}, j]] += 1" for s in range(slots))
+        sums = "                m[s] += J[s * ncell : (s + 1) * ncell]"
+    fill = "\n".join(f"""                cs = cells[{s}]
+                for j in range(C):
+                    cs[j] = {s} * {span} + {cells[s]}""" for s in range(slots))
+    count = "\n".join(f"                    J[cells[{s}, j]] += 1" for s in range(slots))
     return f"""
-def kernel(qc, qr, dc, dr, H):
-    Q = qc.shape[0]
-    N = dc.shape[{1 if words else 0}]
+def kernel(qc, qr, dc, dr, H, segments):
     nbd = H.shape[1] // {ncols}
     ncell = {grades} * nbd
     J = np.zeros({slots} * {span}, dtype=np.int32)
     m = np.zeros(({tile}, ncell), dtype=np.int64)
     cells = np.empty(({slots}, {CHUNK}), dtype=np.uint32)
-    for q in range(0, Q - Q % {tile}, {tile}):
+    for i in range(segments.shape[0]):
+        q0, q1, d0, d1 = segments[i, 0], segments[i, 1], segments[i, 2], segments[i, 3]
+        for q in range(q0, q1 - (q1 - q0) % {tile}, {tile}):
 {per_query(code)}
 {per_query(label)}
-        for j0 in range(0, N, {CHUNK}):
-            C = min({CHUNK}, N - j0)
-            {item}
-            {item_label}
+            for j0 in range(d0, d1, {CHUNK}):
+                C = min({CHUNK}, d1 - j0)
+                {item}
+                {item_label}
 {fill}
-            for j in range(C):
+                for j in range(C):
 {count}
-        for s in range({slots}):
+            for s in range({slots}):
 {sums}
-        J[:] = 0
-        for t in range({tile}):
-            for g in range({grades}):
-                for d in range(nbd):
-                    H[q + t, d * {ncols} + g] += m[t, g * nbd + d]
-        m[:] = 0
+            J[:] = 0
+            for t in range({tile}):
+                for g in range({grades}):
+                    for d in range(nbd):
+                        H[q + t, d * {ncols} + g] += m[t, g * nbd + d]
+            m[:] = 0
 """
 
 
@@ -196,6 +206,73 @@ def n_grades(kind: str, max_grade: int) -> int:
     return 2 if kind == "class" else max_grade + 1
 
 
+@njit(nogil=True, cache=True)
+def _group_by_label(labels, lo, n_labels):
+    """Counting sort of items by label - lo in [0, n_labels): (order, starts of each label's run).
+
+    starts has n_labels + 2 entries; label n_labels stands for "none" and has an empty run.
+    """
+    starts = np.zeros(n_labels + 2, dtype=np.int64)
+    for j in range(labels.shape[0]):
+        starts[labels[j] - lo + 1] += 1
+    for i in range(n_labels):
+        starts[i + 1] += starts[i]
+    starts[n_labels + 1] = starts[n_labels]
+    pos = starts[:n_labels].copy()
+    order = np.empty(labels.shape[0], dtype=np.int64)
+    for j in range(labels.shape[0]):
+        g = labels[j] - lo
+        order[pos[g]] = j
+        pos[g] += 1
+    return order, starts
+
+
+def _count(qc, qr, items, dr, flat, segments, kind, words, label_words, grades, ncols, nbits):
+    """Add the histograms of segments (q0, q1, d0, d1) to ``flat``: tiles of queries, then leftover rows."""
+    segments = np.array(segments, dtype=np.int64).reshape(-1, 4)
+    tails = segments.copy()
+    segments[:, 1] -= (segments[:, 1] - segments[:, 0]) % TILE
+    tails[:, 0] = segments[:, 1]
+    joint = (grades * (nbits + 1)) ** 2 <= MAX_JOINT_CELLS
+    for seg, tile, jt in ((segments, TILE, joint), (tails, 1, False)):
+        seg = seg[(seg[:, 1] > seg[:, 0]) & (seg[:, 3] > seg[:, 2])]
+        if len(seg):
+            _kernel(kind, words, label_words, tile, grades, ncols, jt)(qc, qr, items, dr, flat, seg)
+
+
+def _class_split(qc, ql, items, dl, words, nbits):
+    """Class histograms as all-items distance counts plus a same-label pass; None if not worth it.
+
+    The database block is grouped by label (a counting sort) so that each query meets
+    its relevant items as one contiguous run; grade 1 is counted over those runs only,
+    and grade 0 is the distance histogram of all items minus grade 1.
+    """
+    Q, N = ql.shape[0], dl.shape[0]
+    if Q == 0 or N == 0:
+        return None
+    lo, hi = int(dl.min()), int(dl.max())
+    if Q < MIN_SPLIT_QUERIES or hi - lo > N:
+        return None
+    order, starts = _group_by_label(dl, lo, hi - lo + 1)
+    run = np.where((ql >= lo) & (ql <= hi), ql.astype(np.int64) - lo, hi - lo + 1)
+    if (starts[run + 1] - starts[run]).sum() > MAX_RELEVANT_FRACTION * Q * N:
+        return None
+    zq, zd = np.zeros(Q, dtype=np.int32), np.zeros(N, dtype=np.int32)
+    H = np.zeros((Q, nbits + 1, 2), dtype=np.int64)
+    _count(qc, zq, items, zd, H.reshape(Q, 2 * (nbits + 1)), (0, Q, 0, N), "none", words, 0, 1, 2, nbits)
+    grouped = np.take(items, order, axis=1 if words else 0)
+    qorder = np.argsort(run, kind="stable")
+    qs = np.ascontiguousarray(qc[qorder])
+    run = run[qorder]
+    first = np.flatnonzero(np.r_[True, run[1:] != run[:-1]])
+    segments = np.stack([first, np.r_[first[1:], Q], starts[run[first]], starts[run[first] + 1]], axis=1)
+    same = np.zeros((Q, nbits + 1), dtype=np.int64)
+    _count(qs, zq, grouped, zd, same, segments, "none", words, 0, 1, 1, nbits)
+    H[qorder, :, 1] = same
+    H[:, :, 0] -= H[:, :, 1]
+    return H
+
+
 def histogram_block(
     query_codes: np.ndarray,
     db_codes: np.ndarray,
@@ -217,12 +294,14 @@ def histogram_block(
     qc = np.ascontiguousarray(query_codes, dtype=np.uint64)
     dc = np.ascontiguousarray(db_codes, dtype=np.uint64)
     ncols = n_grades(kind, max_grade)
-    H = np.zeros((qc.shape[0], nbits + 1, ncols), dtype=np.int64)
-    flat = H.reshape(qc.shape[0], (nbits + 1) * ncols)
     words = qc.shape[1] if qc.shape[1] <= MAX_UNROLLED_WORDS else 0
+    items = np.ascontiguousarray(dc.T) if words else dc  # word-major
     label_words, grades = 0, ncols
     if kind == "class":
         qr, dr = _as_int32_labels(query_rel, db_rel)
+        H = _class_split(qc, qr, items, dr, words, nbits)
+        if H is not None:
+            return H
     elif kind == "multilabel":
         qr = np.ascontiguousarray(query_rel, dtype=np.uint64)
         dr = np.ascontiguousarray(db_rel, dtype=np.uint64)
@@ -234,15 +313,10 @@ def histogram_block(
         dr = np.zeros(dc.shape[0], dtype=np.int32)
     else:
         raise ValueError(f"unknown relevance kind {kind!r}")
+    H = np.zeros((qc.shape[0], nbits + 1, ncols), dtype=np.int64)
     base_kind = "none" if kind == "explicit" else kind
-    items = np.ascontiguousarray(dc.T) if words else dc  # word-major
-    joint = (grades * (nbits + 1)) ** 2 <= MAX_JOINT_CELLS
-    bulk = qc.shape[0] - qc.shape[0] % TILE
-    if bulk:
-        kernel = _kernel(base_kind, words, label_words, TILE, grades, ncols, joint)
-        kernel(qc[:bulk], qr[:bulk], items, dr, flat[:bulk])
-    if bulk < qc.shape[0]:
-        _kernel(base_kind, words, label_words, 1, grades, ncols, False)(qc[bulk:], qr[bulk:], items, dr, flat[bulk:])
+    _count(qc, qr, items, dr, H.reshape(qc.shape[0], (nbits + 1) * ncols), (0, qc.shape[0], 0, dc.shape[0]),
+           base_kind, words, label_words, grades, ncols, nbits)
     if kind == "explicit":
         indptr, indices, grades = (np.ascontiguousarray(a, dtype=np.int64) for a in query_rel)
         _apply_explicit(qc, dc, db_start, indptr, indices, grades, max_grade, H)

@@ -25,12 +25,12 @@ HERE = Path(__file__).resolve().parent
 BIN = Path(sys.executable).parent
 
 
-def clustered_codes(rng, n, nbits, n_classes=24, noise=0.15):
-    """Codes around class centres (like learned codes), with their class labels."""
+def clustered_codes(rng, n_db, n_q, nbits, n_classes=24, noise=0.15):
+    """Database and query codes around the same class centres (like learned codes), with their class labels."""
     centres = rng.integers(0, 2, (n_classes, nbits), dtype=np.uint8)
-    labels = rng.integers(0, n_classes, n)
-    bits = centres[labels] ^ (rng.random((n, nbits)) < noise)
-    return bits.astype(np.uint8), labels
+    labels = rng.integers(0, n_classes, n_db + n_q)
+    bits = (centres[labels] ^ (rng.random((n_db + n_q, nbits)) < noise)).astype(np.uint8)
+    return bits[:n_db], labels[:n_db], bits[n_db:], labels[n_db:]
 
 
 def best_of(fn, repeats=3):
@@ -49,8 +49,7 @@ def bench_kernels(n_db, n_q):
     rng = np.random.default_rng(0)
     rows = []
     for nbits in (64, 128):
-        db_bits, db_lab = clustered_codes(rng, n_db, nbits)
-        q_bits, q_lab = clustered_codes(rng, n_q, nbits)
+        db_bits, db_lab, q_bits, q_lab = clustered_codes(rng, n_db, n_q, nbits)
         dc, qc = pack_bits(db_bits), pack_bits(q_bits)
         multi_db = pack_bits((rng.random((n_db, 24)) < 0.08) | (np.arange(24) == db_lab[:, None]))
         multi_q = pack_bits((rng.random((n_q, 24)) < 0.08) | (np.arange(24) == q_lab[:, None]))
@@ -99,8 +98,7 @@ def bench_faiss(qc, dc, n_q, n_db):
 def bench_numpy_eval(n_db, n_q, k=1000):
     """The learning-to-hash evaluation: +-1 dot products, argsort per query, AP@K (CalcTopMap)."""
     rng = np.random.default_rng(1)
-    db_bits, db_lab = clustered_codes(rng, n_db, 64)
-    q_bits, q_lab = clustered_codes(rng, n_q, 64)
+    db_bits, db_lab, q_bits, q_lab = clustered_codes(rng, n_db, n_q, 64)
     B = (db_bits.astype(np.float32) * 2 - 1)
     Qs = (q_bits.astype(np.float32) * 2 - 1)
 

@@ -303,7 +303,7 @@ _CATEGORIES = (
 def bench_profile(work: Path, data: Path) -> dict:
     """py-spy over a cold `hashdist evaluate` (flow): CPU seconds per category, all threads, waits left out."""
     raw = work / "profile.txt"
-    cmd = [str(BIN / "py-spy"), "record", "--rate", "200", "--format", "raw", "--output", str(raw), "--",
+    cmd = [str(BIN / "py-spy"), "record", "--nonblocking", "--rate", "200", "--format", "raw", "--output", str(raw), "--",
            str(BIN / "hashdist"), "evaluate", str(data), "--out", str(work / "profile-report"), "--no-cache",
            "--quiet", "--overwrite"]
     out = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PREFECT_LOGGING_LEVEL": "WARNING"})

@@ -1,13 +1,14 @@
 """The main job: a Prefect 3 flow that evaluates a dataset on a Dask cluster.
 
 Thin orchestration over ``hashdist.engine``. The plan's blocks are the unit of
-caching; Prefect tasks take runs of them, because each Prefect task costs tens of
-milliseconds of submission in the flow process: about two histogram tasks per
-cluster thread (more for very large runs), each reading its own Zarr rows on the
-worker and returning only partial histograms summed per query block; one task for
-the database's code counts; then about one metrics task per cluster thread. The
-flow sums the partial histograms (exact integers) as they arrive. Block results
-are cached by content in a ``BlockCache`` directory (shared storage on a cluster).
+caching; Prefect tasks take runs of them, because each Prefect task run costs about
+0.1 s of CPU (submission in the flow process, context and API clients on the
+worker): one histogram task per cluster thread (more for very large runs), each
+reading its own Zarr rows on the worker and returning only partial histograms
+summed per query block, plus the code counts of a share of the database blocks;
+then one metrics task per cluster thread. The flow sums the partial histograms
+(exact integers) as they arrive. Block results are cached by content in a
+``BlockCache`` directory (shared storage on a cluster).
 
 Run it through ``hashdist evaluate`` or :func:`run_evaluation`; deploy the flow
 ``evaluate`` itself (see deploy/prefect.yaml).
@@ -49,14 +50,11 @@ PAIRS_PER_TASK = 2e10
 
 
 @task(name="histogram-blocks", **_TASK_OPTIONS)
-def histogram_task(plan, blocks, cache_dir):
-    return sum_histogram_blocks(plan, blocks, resolve_cache(cache_dir))
-
-
-@task(name="code-counts", **_TASK_OPTIONS)
-def code_counts_task(plan, blocks, cache_dir):
+def histogram_task(plan, blocks, count_blocks, cache_dir):
+    """(partial histograms summed per query block, blocks computed, code counts of ``count_blocks``)."""
     cache = resolve_cache(cache_dir)
-    return [cached_code_counts(plan, block, cache) for block in blocks]
+    sums, computed = sum_histogram_blocks(plan, blocks, cache)
+    return sums, computed, [cached_code_counts(plan, block, cache) for block in count_blocks]
 
 
 @task(name="query-block-metrics", **_TASK_OPTIONS)
@@ -143,14 +141,16 @@ def evaluate(
     cache_arg = False if cache_dir is None else str(cache_dir)
 
     threads = _cluster_threads()
-    runs = split_by_pairs(plan.histogram_blocks, max(2 * threads, math.ceil(plan.pairs / PAIRS_PER_TASK)))
-    counts_future = code_counts_task.submit(plan, plan.count_blocks, cache_arg)
-    hist_futures = {histogram_task.submit(plan, run, cache_arg): run for run in runs}
-    sums, computed, pairs_done = {}, 0, 0
+    runs = split_by_pairs(plan.histogram_blocks, max(threads, math.ceil(plan.pairs / PAIRS_PER_TASK)))
+    hist_futures = {
+        histogram_task.submit(plan, run, plan.count_blocks[i :: len(runs)], cache_arg): run for i, run in enumerate(runs)
+    }
+    sums, computed, pairs_done, counts = {}, 0, 0, []
     with _progress_bar(len(plan.histogram_blocks), progress) as bar:
         for fut in as_completed(list(hist_futures)):
             run = hist_futures[fut]
-            run_sums, run_computed = fut.result()
+            run_sums, run_computed, run_counts = fut.result()
+            counts += run_counts
             for q0, part in run_sums.items():
                 sums[q0] = add_partials(sums.get(q0), part)
             computed += run_computed
@@ -159,7 +159,7 @@ def evaluate(
             bar.set_postfix_str(f"{pairs_done / max(time.time() - t_start, 1e-9):.3g} pairs/s")
     cached = len(plan.histogram_blocks) - computed
     t_compute = time.time()
-    table = code_table(plan, counts_future.result())
+    table = code_table(plan, counts)
     t_reduce = time.time()
     groups = [plan.query_blocks[i::threads] for i in range(min(threads, len(plan.query_blocks)))]
     metric_futures = [

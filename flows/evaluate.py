@@ -142,9 +142,8 @@ def evaluate(
 
     threads = _cluster_threads()
     runs = split_by_pairs(plan.histogram_blocks, max(threads, math.ceil(plan.pairs / PAIRS_PER_TASK)))
-    hist_futures = {
-        histogram_task.submit(plan, run, plan.count_blocks[i :: len(runs)], cache_arg): run for i, run in enumerate(runs)
-    }
+    count_shares = [plan.count_blocks[i :: len(runs)] for i in range(len(runs))]
+    hist_futures = {histogram_task.submit(plan, run, share, cache_arg): run for run, share in zip(runs, count_shares)}
     sums, computed, pairs_done, counts = {}, 0, 0, []
     with _progress_bar(len(plan.histogram_blocks), progress) as bar:
         for fut in as_completed(list(hist_futures)):

@@ -64,7 +64,8 @@ def _kernel_source(kind: str, words: int, label_words: int, tile: int, grades: i
         grade = f"min({common}, {grades - 1})"
     else:
         label, item_label = "l{t} = qr[q + {t}]", "r = dr[j0 : j0 + C]"
-        grade = {"none": "0", "class": "(r[j] == l{t})", "multilabel": f"min(common_bits(l{{t}}, r[j]), {grades - 1})"}[kind]
+        grade = {"none": "0", "class": "(r[j] == l{t})",
+                 "multilabel": f"min(common_bits(l{{t}}, r[j]), {grades - 1})"}[kind]
     cell = f"(({grade}) * nbd + {dist})"
 
     def per_query(fmt, indent=12):

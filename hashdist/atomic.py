@@ -1,14 +1,25 @@
-"""Output directories: atomic replacement (readers see the old complete version or the new one) and locks."""
+"""Output directories: staged writes (readers see the old complete version or the new one) and locks.
+
+Every writer of an output directory uses :func:`staged_directory`: it holds the
+output's advisory lock, builds the new version in a hidden temporary sibling and
+renames it into place only when the body finished, so an interrupted or failed
+write leaves the previous complete output (or none), and two runs never write the
+same output at once.
+"""
 
 import fcntl
 import os
 import shutil
+import threading
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from hashdist.errors import InputError
+
+_held: set[Path] = set()  # lock files this process holds (a nested writer of the same output reuses the lock)
+_held_guard = threading.Lock()
 
 
 def temporary_sibling(final: Path, tag: str = "tmp") -> Path:
@@ -29,15 +40,48 @@ def replace_directory(tmp: Path, final: Path) -> None:
 
 @contextmanager
 def exclusive(target) -> Iterator[None]:
-    """Hold an advisory lock next to ``target`` for the duration; refuse if another run holds it."""
-    target = Path(target)
+    """Hold an advisory lock next to ``target`` for the duration; refuse if another run holds it.
+
+    Re-entrant within one process: a writer nested in a run that already holds the lock
+    (the CLI holds it for the whole run, the report writer again) proceeds.
+    """
+    target = Path(target).absolute()
+    lock_path = target.with_name(f".{target.name}.lock")
+    with _held_guard:
+        nested = lock_path in _held
+    if nested:
+        yield
+        return
     target.parent.mkdir(parents=True, exist_ok=True)
-    with open(target.with_name(f".{target.name}.lock"), "w") as handle:
+    with open(lock_path, "w") as handle:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raise InputError(f"{target}: another hashdist run is writing this output now") from None
+        with _held_guard:
+            _held.add(lock_path)
         try:
             yield
         finally:
+            with _held_guard:
+                _held.discard(lock_path)
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+@contextmanager
+def staged_directory(final) -> Iterator[Path]:
+    """Lock ``final``, yield a fresh temporary sibling to build it in, then rename it into place.
+
+    If the body raises, the temporary directory is removed and ``final`` is untouched.
+    """
+    final = Path(final)
+    with exclusive(final):
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = temporary_sibling(final)
+        tmp.mkdir()
+        try:
+            yield tmp
+            replace_directory(tmp, final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise

@@ -33,14 +33,13 @@ import io
 import json
 import math
 import re
-import shutil
 from dataclasses import dataclass
 from itertools import combinations
 from pathlib import Path
 
 import numpy as np
 
-from hashdist.atomic import replace_directory, temporary_sibling
+from hashdist.atomic import staged_directory
 from hashdist.dataset import Dataset, chunk_digest, combine_digests, open_dataset
 from hashdist.errors import InputError
 from hashdist.report import json_safe
@@ -333,19 +332,12 @@ def check_comparison_dir(out, overwrite: bool) -> Path:
 
 def write_comparison(out, comparison: dict, occupancy: dict, *, overwrite: bool = False) -> Path:
     """comparison.json and a self-contained comparison.html, replacing ``out`` atomically."""
-    out = check_comparison_dir(out, overwrite)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temporary_sibling(out)
-    tmp.mkdir()
-    try:
+    with staged_directory(check_comparison_dir(out, overwrite)) as tmp:
+        out = Path(out)
         comparison["outputs"] = {"comparison_json": str(out / "comparison.json"),
                                  "comparison_html": str(out / "comparison.html")}
         (tmp / "comparison.json").write_text(json.dumps(json_safe(comparison), indent=2))
         (tmp / "comparison.html").write_text(render_html(comparison, plots(comparison, occupancy)))
-        replace_directory(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import shutil
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,7 +33,7 @@ import numpy as np
 import zarr
 from zarr.codecs import Crc32cCodec, ZstdCodec
 
-from hashdist.atomic import exclusive, replace_directory, temporary_sibling
+from hashdist.atomic import exclusive, replace_directory, staged_directory, temporary_sibling
 from hashdist.bits import n_words
 from hashdist.errors import InputError
 
@@ -335,18 +336,13 @@ class DatasetWriter:
         self.n_labels = n_labels
         self.chunk_rows = {"database": chunk_rows, "queries": query_chunk_rows}
         self.extra_attrs = dict(extra_attrs or {})
+        self._stage = ExitStack()  # the staged directory of a local output: renamed into place by close()
         if _is_local(self.url):
             final = _local_path(self.url)
             if final.exists() and not overwrite:
                 raise InputError(f"{self.url}: output exists (pass --overwrite to replace it)")
-            final.parent.mkdir(parents=True, exist_ok=True)
-            self._final = final
-            self._lock = exclusive(final)
-            self._lock.__enter__()  # released in close() / abort()
-            self._tmp = temporary_sibling(final)
-            store = str(self._tmp)
+            store = str(self._stage.enter_context(staged_directory(final)))
         else:
-            self._final = self._tmp = self._lock = None
             store = self.url
         self.group = zarr.open_group(store=store, mode="w")
         self.writers: dict[str, _ArrayWriter] = {}
@@ -389,20 +385,8 @@ class DatasetWriter:
             **self.extra_attrs,
         }
         self.group.attrs.update(attrs)
-        if self._tmp is not None:
-            replace_directory(self._tmp, self._final)
-        self._release()
+        self._stage.close()
         return self.url
-
-    def _release(self) -> None:
-        if self._lock is not None:
-            self._lock.__exit__(None, None, None)
-            self._lock = None
-
-    def abort(self) -> None:
-        if self._tmp is not None and self._tmp.exists():
-            shutil.rmtree(self._tmp)
-        self._release()
 
     def __enter__(self):
         return self
@@ -410,8 +394,8 @@ class DatasetWriter:
     def __exit__(self, exc_type, exc, tb):
         if exc_type is None:
             self.close()
-        else:
-            self.abort()
+        else:  # the staged directory is removed; the previous output stays
+            self._stage.__exit__(exc_type, exc, tb)
         return False
 
 

@@ -10,14 +10,13 @@ import base64
 import io
 import json
 import math
-import shutil
 import subprocess
 from importlib import metadata
 from pathlib import Path
 
 import numpy as np
 
-from hashdist.atomic import replace_directory, temporary_sibling
+from hashdist.atomic import staged_directory
 from hashdist.errors import InputError
 
 REPORT_MARKER = "hashdist-report"
@@ -242,11 +241,8 @@ def write_outputs(
 
     ``finalize(report)``, if given, runs just before report.json is written (to record timings).
     """
-    out = check_output_dir(out, overwrite)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temporary_sibling(out)
-    tmp.mkdir()
-    try:
+    out = Path(out)
+    with staged_directory(check_output_dir(out, overwrite)) as tmp:
         report["outputs"] = {"report_json": str(out / "report.json"), "per_query": str(out / "per_query.zarr"),
                              "report_html": str(out / "report.html") if html else None}
         write_per_query(tmp / "per_query.zarr", per_query)
@@ -255,8 +251,4 @@ def write_outputs(
         if finalize:
             finalize(report)
         (tmp / "report.json").write_text(json.dumps(json_safe(report), indent=2))
-        replace_directory(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out

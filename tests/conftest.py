@@ -1,5 +1,6 @@
 """Shared fixtures: small on-disk datasets with heavy ties, and one Prefect test API for the session."""
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -105,3 +106,21 @@ def loopback_cluster():
                 p.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 p.kill()
+
+
+@contextlib.contextmanager
+def lock_held_elsewhere(target):
+    """Another process holds hashdist's output lock on ``target`` for the duration."""
+    code = ("import sys\nfrom hashdist.atomic import exclusive\n"
+            f"with exclusive({str(target)!r}):\n    print('held', flush=True)\n    sys.stdin.read()\n")
+    holder = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        yield
+    finally:
+        holder.stdin.close()
+        try:
+            holder.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            holder.kill()
+            holder.wait()

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from hashdist.cli import main
-from tests.conftest import write_inputs
+from tests.conftest import lock_held_elsewhere, write_inputs
 
 
 def run_cli(capsys, *argv):
@@ -162,13 +162,11 @@ def test_missing_chunk_is_named(tmp_path, capsys, dataset):
 
 
 def test_concurrent_run_into_the_same_output_is_refused(tmp_path, capsys, dataset, files):
-    from hashdist.atomic import exclusive
-
     out = tmp_path / "report"
-    with exclusive(out):  # another run holds the output
+    with lock_held_elsewhere(out):  # another run holds the output
         assert_refused(capsys, ["evaluate", dataset, "--out", out, "--engine", "local"], "another hashdist run", out)
         target = tmp_path / "other.zarr"
-        with exclusive(target):
+        with lock_held_elsewhere(target):
             assert_refused(capsys, _ingest(files, target), "another hashdist run", target)
     status, _ = run_cli(capsys, "evaluate", dataset, "--out", out, "--engine", "local")
     assert status == 0 and (out / "report.json").is_file()
@@ -193,3 +191,20 @@ def test_damaged_dataset_is_refused(tmp_path, capsys, dataset, damage, needle):
 def test_bad_hashtable_setting(tmp_path, capsys, dataset):
     out = tmp_path / "report"
     assert_refused(capsys, ["evaluate", dataset, "--out", out, "--engine", "local", "--hashtable", "8x2"], "8x2", out)
+
+
+@pytest.mark.parametrize("writer", ["evaluation", "comparison"])
+def test_library_writers_take_the_output_lock(tmp_path, class_dataset, writer):
+    """Evaluation.write and compare(out=...) refuse an output another process is writing, and write nothing."""
+    from hashdist.api import evaluate_local
+    from hashdist.compare import compare
+    from hashdist.errors import InputError
+
+    out = tmp_path / "out"
+    with lock_held_elsewhere(out), pytest.raises(InputError, match="another hashdist run"):
+        if writer == "evaluation":
+            evaluate_local(class_dataset, cache=False).write(out)
+        else:
+            compare([f"a={class_dataset}", f"b={class_dataset}"], cache=False, out=out, permutations=10)
+    assert not out.exists()
+    assert [p.name for p in tmp_path.iterdir() if not p.name.endswith(".lock")] == []

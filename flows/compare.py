@@ -12,18 +12,19 @@ from __future__ import annotations
 from prefect import flow
 from prefect.artifacts import create_table_artifact
 
-from flows.evaluate import evaluate, task_runner
-from hashdist.compare import (
-    DEFAULT_BOOTSTRAP, DEFAULT_PERMUTATIONS, build_comparison, leaderboard_rows, validate, write_comparison,
-)
+from flows.evaluate import evaluate
+from flows.runtime import task_runner
+from hashdist.compare import DEFAULT_BOOTSTRAP, DEFAULT_PERMUTATIONS, build_comparison, validate
+from hashdist.compare_report import leaderboard_rows, write_comparison
+from hashdist.defaults import DEFAULT_K, DEFAULT_RADII
 
 
 @flow(name="compare", persist_result=False, log_prints=True)
 def compare(
     methods: list[str],
     out: str | None = None,
-    k: list[int] = (10, 100, 1000),
-    radius: list[int] = (0, 1, 2),
+    k: list[int] = DEFAULT_K,
+    radius: list[int] = DEFAULT_RADII,
     permutations: int = DEFAULT_PERMUTATIONS,
     bootstrap: int = DEFAULT_BOOTSTRAP,
     seed: int = 0,
@@ -55,7 +56,7 @@ def compare(
     return comparison
 
 
-def run_comparison(methods, *, out=None, overwrite=False, k=(10, 100, 1000), radius=(0, 1, 2),
+def run_comparison(methods, *, out=None, overwrite=False, k=DEFAULT_K, radius=DEFAULT_RADII,
                    permutations=DEFAULT_PERMUTATIONS, bootstrap=DEFAULT_BOOTSTRAP, seed=0, cache=None, **cluster):
     """Validate the inputs here (bad input fails before any cluster starts), then run the flow."""
     validate(methods, k=k, radius=radius, permutations=permutations, seed=seed, out=out, overwrite=overwrite)

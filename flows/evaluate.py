@@ -6,9 +6,11 @@ caching; Prefect tasks take runs of them, because each Prefect task run costs ab
 worker): one histogram task per cluster thread (more for very large runs), each
 reading its own Zarr rows on the worker and returning only partial histograms
 summed per query block, plus the code counts of a share of the database blocks;
-then one metrics task per cluster thread. The flow sums the partial histograms
-(exact integers) as they arrive. Block results are cached by content in a
-``BlockCache`` directory (shared storage on a cluster).
+then one metrics task per cluster thread. The flow merges the tasks' partial
+results (``hashdist.engine.Partials``, exact integer sums) as they arrive and
+finishes them with ``hashdist.engine.finish``, exactly as ``--engine local`` does.
+Block results are cached by content in a ``BlockCache`` directory (shared storage
+on a cluster).
 
 Run it through ``hashdist evaluate`` or :func:`run_evaluation`; deploy the flow
 ``evaluate`` itself (see deploy/prefect.yaml).
@@ -16,112 +18,68 @@ Run it through ``hashdist evaluate`` or :func:`run_evaluation`; deploy the flow
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import sys
 import time
 
 from prefect import flow, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
-from prefect.cache_policies import NO_CACHE
-from prefect.context import FlowRunContext
 from prefect.futures import as_completed
-from prefect_dask import DaskTaskRunner
 
-from hashdist.api import Evaluation, build_report, prepare, resolve_cache
-from hashdist.engine import (
-    add_partials,
-    cached_code_counts,
-    code_table,
-    finish,
-    query_block_metrics,
-    split_by_pairs,
-    sum_histogram_blocks,
-)
-
-# Results travel through Dask, never through Prefect's result storage: no caching,
-# no persistence. Retries cover transient worker faults.
-_TASK_OPTIONS = dict(cache_policy=NO_CACHE, persist_result=False, retries=2, retry_delay_seconds=1)
-
+from flows.runtime import TASK_OPTIONS, cluster_threads, progress_bar, task_runner
+from hashdist.api import Evaluation, build_report, prepare
+from hashdist.cache import resolve_cache
+from hashdist.defaults import DEFAULT_BETA, DEFAULT_K, DEFAULT_MAX_GRADE, DEFAULT_RADII
+from hashdist.engine import Partials, finish, query_block_metrics, run_blocks, work_shares
+from hashdist.metrics.registry import headline_rows
 
 # pairs one histogram task may take (a few seconds of one core): the floor on task count for huge runs
 PAIRS_PER_TASK = 2e10
 
 
-@task(name="histogram-blocks", **_TASK_OPTIONS)
-def histogram_task(plan, blocks, count_blocks, cache_dir):
-    """(partial histograms summed per query block, blocks computed, code counts of ``count_blocks``)."""
-    cache = resolve_cache(cache_dir)
-    sums, computed = sum_histogram_blocks(plan, blocks, cache)
-    return sums, computed, [cached_code_counts(plan, block, cache) for block in count_blocks]
+@task(name="histogram-blocks", **TASK_OPTIONS)
+def histogram_task(plan, blocks, count_blocks, cache_dir) -> Partials:
+    """One share of the plan: its blocks' partial results summed per query block, and its code counts."""
+    return run_blocks(plan, blocks, count_blocks, resolve_cache(cache_dir))
 
 
-@task(name="query-block-metrics", **_TASK_OPTIONS)
-def metrics_task(plan, query_blocks, partials, table, params):
-    return [query_block_metrics(plan, q0, q1, partials[q0], table, params) for q0, q1 in query_blocks]
-
-
-def _cluster_threads() -> int:
-    """Worker threads of the flow's Dask cluster (at least 1)."""
-    client = FlowRunContext.get().task_runner.client
-    return max(1, sum(client.nthreads().values()))
-
-
-def _progress_bar(total: int, enabled: bool):
-    from tqdm import tqdm
-
-    return tqdm(total=total, unit="block", file=sys.stderr, disable=not enabled, dynamic_ncols=True)
+@task(name="query-block-metrics", **TASK_OPTIONS)
+def metrics_task(plan, params, items):
+    """Per-query metrics of several query blocks, each ``(q0, q1, summed partial results, code table)``."""
+    return [query_block_metrics(plan, *item, params) for item in items]
 
 
 def _publish_artifacts(report: dict) -> None:
-    m = report["metrics"]
-    rows = [{"metric": "mAP", **m["map"]}]
-    for k in m["precision_at_k"]:
-        rows.append({"metric": f"mAP@{k} (retrieved)", **m["map_at_k"][k]["retrieved"]})
-        rows.append({"metric": f"P@{k}", **m["precision_at_k"][k]})
-        rows.append({"metric": f"NDCG@{k}", **m["ndcg_at_k"][k]})
-    rows.append({"metric": "AUC", "expected": m["auc"], "best": m["auc"], "worst": m["auc"]})
-    for r in m["mlgap_at_radius"]:
-        v = m["mlgap_at_radius"][r]
-        rows.append({"metric": f"mLGAP@{r}", "expected": v, "best": v, "worst": v})
-    create_table_artifact(table=rows, key="hashdist-metrics", description=f"hashdist metrics for {report['dataset']['path']}")
+    rows = [{"metric": label, **values} for label, values in headline_rows(report["metrics"])]
+    create_table_artifact(table=rows, key="hashdist-metrics",
+                          description=f"hashdist metrics for {report['dataset']['path']}")
     html = (report.get("outputs") or {}).get("report_html")
     if html:
         create_markdown_artifact(markdown=f"hashdist report: [{html}](file://{html})", key="hashdist-report",
                                  description="HTML report with plots")
 
 
-def task_runner(address=None, cluster_class=None, cluster_kwargs=None, workers=None, threads=None) -> DaskTaskRunner:
-    """An existing cluster (address), a per-run cluster (cluster_class), or the embedded LocalCluster of threads.
+def _metrics_on_cluster(plan, params, threads: int):
+    """``map_query_blocks`` for :func:`hashdist.engine.finish`: one metrics task per cluster thread."""
 
-    Unset arguments fall back to $HASHDIST_DASK_ADDRESS, $HASHDIST_CLUSTER_CLASS and
-    $HASHDIST_CLUSTER_KWARGS (JSON): that is how a deployed, scheduled run finds its cluster.
-    """
-    address = address or os.environ.get("HASHDIST_DASK_ADDRESS")
-    cluster_class = cluster_class or os.environ.get("HASHDIST_CLUSTER_CLASS")
-    if cluster_kwargs is None and os.environ.get("HASHDIST_CLUSTER_KWARGS"):
-        cluster_kwargs = json.loads(os.environ["HASHDIST_CLUSTER_KWARGS"])
-    if address:
-        return DaskTaskRunner(address=address)
-    if cluster_class:
-        return DaskTaskRunner(cluster_class=cluster_class, cluster_kwargs=cluster_kwargs or {})
-    # threads: the kernels release the GIL, and a thread worker needs no Prefect server of its own
-    kwargs = {"n_workers": workers or 1, "threads_per_worker": threads or os.cpu_count() or 1, "processes": False,
-              "dashboard_address": None}
-    return DaskTaskRunner(cluster_kwargs={**kwargs, **(cluster_kwargs or {})})
+    def map_query_blocks(items):
+        groups = [items[i::threads] for i in range(min(threads, len(items)))]
+        futures = [metrics_task.submit(plan, params, group) for group in groups]
+        done = {item[0]: part for group, fut in zip(groups, futures) for item, part in zip(group, fut.result())}
+        return [done[item[0]] for item in items]
+
+    return map_query_blocks
 
 
 @flow(name="evaluate", persist_result=False, log_prints=True, task_runner=task_runner())
 def evaluate(
     dataset: str,
     out: str | None = None,
-    k: list[int] = (10, 100, 1000),
-    radius: list[int] = (0, 1, 2),
-    beta: float = 1.0,
+    k: list[int] = DEFAULT_K,
+    radius: list[int] = DEFAULT_RADII,
+    beta: float = DEFAULT_BETA,
     empty_queries: str = "exclude",
     relevance: str | None = None,
-    max_grade: int = 8,
+    max_grade: int = DEFAULT_MAX_GRADE,
     query_block_rows: int | None = None,
     db_block_rows: int | None = None,
     hashtable: list[str] = (),
@@ -140,43 +98,23 @@ def evaluate(
     cache_dir = resolve_cache(cache).directory
     cache_arg = False if cache_dir is None else str(cache_dir)
 
-    threads = _cluster_threads()
-    runs = split_by_pairs(plan.histogram_blocks, max(threads, math.ceil(plan.pairs / PAIRS_PER_TASK)))
-    count_shares = [plan.count_blocks[i :: len(runs)] for i in range(len(runs))]
-    hist_futures = {histogram_task.submit(plan, run, share, cache_arg): run for run, share in zip(runs, count_shares)}
-    sums, computed, pairs_done, counts = {}, 0, 0, []
-    with _progress_bar(len(plan.histogram_blocks), progress) as bar:
-        for fut in as_completed(list(hist_futures)):
-            run = hist_futures[fut]
-            run_sums, run_computed, run_counts = fut.result()
-            counts += run_counts
-            for q0, part in run_sums.items():
-                sums[q0] = add_partials(sums.get(q0), part)
-            computed += run_computed
-            pairs_done += sum(block.pairs for block in run)
-            bar.update(len(run))
+    threads = cluster_threads()
+    shares = work_shares(plan, max(threads, math.ceil(plan.pairs / PAIRS_PER_TASK)))
+    futures = {histogram_task.submit(plan, blocks, counts, cache_arg): blocks for blocks, counts in shares}
+    partials, pairs_done = Partials(), 0
+    with progress_bar(len(plan.histogram_blocks), progress) as bar:
+        for fut in as_completed(list(futures)):
+            blocks = futures.pop(fut)
+            partials.merge(fut.result())
+            pairs_done += sum(block.pairs for block in blocks)
+            bar.update(len(blocks))
             bar.set_postfix_str(f"{pairs_done / max(time.time() - t_start, 1e-9):.3g} pairs/s")
-    cached = len(plan.histogram_blocks) - computed
     t_compute = time.time()
-    table = code_table(plan, counts)
-    t_reduce = time.time()
-    groups = [plan.query_blocks[i::threads] for i in range(min(threads, len(plan.query_blocks)))]
-    metric_futures = [
-        metrics_task.submit(plan, group, {q0: sums.pop(q0) for q0, _ in group}, table, params) for group in groups
-    ]
-    parts = {q0: part for group, fut in zip(groups, metric_futures) for (q0, _), part in zip(group, fut.result())}
-    result = finish(plan, params, [parts[q0] for q0, _ in plan.query_blocks], table, computed, cached)
-    t_metrics = time.time()
+    result = finish(plan, params, partials, _metrics_on_cluster(plan, params, threads))
     started_at = started_at or t_start
-    timing = {
-        "startup_s": t_start - started_at,
-        "compute_s": t_compute - t_start,
-        "reduce_s": t_reduce - t_compute,
-        "metrics_s": t_metrics - t_reduce,
-        "write_s": 0.0,
-        "wall_s": t_metrics - started_at,
-    }
-    engine = {"kind": "prefect-dask", "flow": "evaluate"}
+    timing = {"startup_s": t_start - started_at, "compute_s": t_compute - t_start, **result.timing, "write_s": 0.0,
+              "wall_s": time.time() - started_at}
+    engine = {"kind": "prefect-dask", "flow": "evaluate", "threads": threads}
     report = build_report(ds, plan, parameters, result, timing, engine)
     evaluation = Evaluation(report, result.per_query, result.code_counts)
     if out is not None:

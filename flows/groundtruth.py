@@ -13,12 +13,12 @@ import time
 from prefect import flow, task
 from prefect.futures import as_completed
 
-from flows.evaluate import _TASK_OPTIONS, _progress_bar, task_runner
+from flows.runtime import TASK_OPTIONS, progress_bar, task_runner
 from hashdist import groundtruth as gt
 from hashdist.api import resolve_cache
 
 
-@task(name="groundtruth-block", **_TASK_OPTIONS)
+@task(name="groundtruth-block", **TASK_OPTIONS)
 def block_task(sweep, block, cache_dir):
     return gt.cached_block(sweep, block, resolve_cache(cache_dir))
 
@@ -44,7 +44,7 @@ def groundtruth(
     cache_dir = resolve_cache(cache).directory
     cache_arg = False if cache_dir is None else str(cache_dir)
     blocks = {"computed": 0, "cached": 0}
-    with _progress_bar(0, progress) as bar:
+    with progress_bar(0, progress) as bar:
 
         def run_sweep(sweep, merger):
             bar.total += len(sweep.blocks)

@@ -2,32 +2,27 @@
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 
 import numpy as np
 
-from hashdist.cache import BlockCache, default_cache_dir
+from hashdist.cache import resolve_cache
 from hashdist.dataset import Dataset, open_dataset
-from hashdist.engine import DEFAULT_MAX_GRADE, Plan, RunResult, make_plan, run_local
+from hashdist.defaults import DEFAULT_BETA, DEFAULT_K, DEFAULT_MAX_GRADE, DEFAULT_RADII
+from hashdist.engine import Plan, RunResult, make_plan, run_local
 from hashdist.kernels.hashtable import parse_hashtable_spec
 from hashdist.metrics.summary import MetricParams
 from hashdist.report import REPORT_MARKER, provenance, write_outputs
 
 
-def resolve_cache(cache) -> BlockCache:
-    """``None``: the per-user default cache; ``False``: no caching; else a directory."""
-    if cache is False:
-        return BlockCache(None)
-    return BlockCache(default_cache_dir() if cache is None else cache)
-
-
 def prepare(
     dataset,
     *,
-    k=(10, 100, 1000),
-    radius=(0, 1, 2),
-    beta: float = 1.0,
+    k=DEFAULT_K,
+    radius=DEFAULT_RADII,
+    beta: float = DEFAULT_BETA,
     empty_queries: str = "exclude",
     relevance: str | None = None,
     max_grade: int = DEFAULT_MAX_GRADE,
@@ -37,9 +32,10 @@ def prepare(
 ) -> tuple[Dataset, MetricParams, Plan, dict]:
     """Open and validate the dataset and parameters and plan the blocks; returns (ds, params, plan, parameters)."""
     ds = open_dataset(dataset)
-    params = MetricParams(tuple(k), tuple(radius), float(beta), empty_queries)
-    params.validate(ds.nbits)
     hashtables = tuple(parse_hashtable_spec(spec, ds.nbits) for spec in hashtable)
+    settings = tuple(f"{bits}x{tables}" for bits, tables in hashtables)
+    params = MetricParams(tuple(k), tuple(radius), float(beta), empty_queries, settings)
+    params.validate(ds.nbits)
     plan = make_plan(
         ds,
         relevance=relevance,
@@ -56,9 +52,9 @@ def prepare(
         "empty_queries": params.empty_queries,
         "relevance": plan.relevance,
         "max_grade": plan.max_grade,
-        "query_block_rows": plan.query_blocks[0][1] - plan.query_blocks[0][0],
-        "db_block_rows": plan.histogram_blocks[0].d1 - plan.histogram_blocks[0].d0,
-        "hashtable": [f"{k}x{l}" for k, l in hashtables],
+        "query_block_rows": plan.query_block_rows,
+        "db_block_rows": plan.db_block_rows,
+        "hashtable": list(settings),
     }
     return ds, params, plan, parameters
 
@@ -119,6 +115,7 @@ def evaluate_local(dataset, *, cache=None, threads: int | None = None, progress=
     """Evaluate in this process with a thread pool; see :func:`evaluate` for the options."""
     t0 = time.time()
     ds, params, plan, parameters = prepare(dataset, **options)
+    threads = threads or os.cpu_count() or 1
     result = run_local(plan, params, resolve_cache(cache), threads=threads, progress=progress)
     timing = {"startup_s": 0.0, **result.timing, "write_s": 0.0, "wall_s": time.time() - t0}
     report = build_report(ds, plan, parameters, result, timing, {"kind": "local-threads", "threads": threads})

@@ -14,6 +14,19 @@ def n_words(nbits: int) -> int:
     return (nbits + 63) // 64
 
 
+def ball_volumes(nbits: int, radius: int) -> list[int]:
+    """V_k = sum_{i<=k} C(B, i) for k = 0..radius: codes within distance k, occupied or not (exact integers).
+
+    A running sum with C(B, i+1) = C(B, i) (B - i) / (i + 1): O(radius) big-integer steps.
+    """
+    volumes, term, total = [], 1, 0
+    for i in range(radius + 1):
+        total += term
+        volumes.append(total)
+        term = term * (nbits - i) // (i + 1)
+    return volumes
+
+
 def pack_bits(bits: np.ndarray) -> np.ndarray:
     """Pack an (n, B) array whose entries are 1 for a set bit into (n, W) uint64 words.
 

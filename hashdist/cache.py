@@ -65,3 +65,10 @@ class BlockCache:
         with open(tmp, "wb") as f:
             np.savez(f, __digest__=np.array(_digest(arrays)), **arrays)
         os.replace(tmp, path)
+
+
+def resolve_cache(cache) -> BlockCache:
+    """``None``: the per-user default cache; ``False``: no caching; else a directory."""
+    if cache is False:
+        return BlockCache(None)
+    return BlockCache(default_cache_dir() if cache is None else cache)

@@ -11,6 +11,7 @@ import json
 import os
 import sys
 
+from hashdist.defaults import DEFAULT_K, DEFAULT_MAX_GRADE, DEFAULT_RADII
 from hashdist.errors import InputError
 
 DESCRIPTION = """\
@@ -169,13 +170,16 @@ def _add_evaluate(sub):
     )
     p.add_argument("dataset", metavar="DATASET")
     p.add_argument("--out", required=True, metavar="DIR")
-    p.add_argument("--k", type=int, nargs="+", default=[10, 100, 1000], help="cut-offs K (default 10 100 1000)")
-    p.add_argument("--radius", type=int, nargs="+", default=[0, 1, 2], help="Hamming radii (default 0 1 2)")
+    p.add_argument("--k", type=int, nargs="+", default=list(DEFAULT_K),
+                   help=f"cut-offs K (default {' '.join(map(str, DEFAULT_K))})")
+    p.add_argument("--radius", type=int, nargs="+", default=list(DEFAULT_RADII),
+                   help=f"Hamming radii (default {' '.join(map(str, DEFAULT_RADII))})")
     p.add_argument("--beta", type=float, default=1.0, help="F-beta's beta (default 1)")
     p.add_argument("--empty-queries", choices=["exclude", "zero"], default="exclude",
                    help="queries without relevant items: excluded from means (default) or counted as 0")
     p.add_argument("--relevance", choices=["class", "multilabel", "explicit"], help="default: the dataset's")
-    p.add_argument("--max-grade", type=int, default=8, help="cap on graded relevance (labels in common), default 8")
+    p.add_argument("--max-grade", type=int, default=DEFAULT_MAX_GRADE,
+                   help=f"cap on graded relevance (labels in common), default {DEFAULT_MAX_GRADE}")
     p.add_argument("--hashtable", nargs="+", default=[], metavar="KxL",
                    help="hashtable-bucket paradigm: L tables of K-bit substrings, e.g. 8x8 16x4")
     _add_execution_options(p)
@@ -243,8 +247,9 @@ def _add_compare(sub):
     p.add_argument("--method", action="append", required=True, metavar="NAME=DATASET",
                    help="a method's dataset (repeat; at least two)")
     p.add_argument("--out", required=True, metavar="DIR")
-    p.add_argument("--k", type=int, nargs="+", default=[10, 100, 1000], help="cut-offs K (default 10 100 1000)")
-    p.add_argument("--radius", type=int, nargs="+", default=[0, 1, 2],
+    p.add_argument("--k", type=int, nargs="+", default=list(DEFAULT_K),
+                   help=f"cut-offs K (default {' '.join(map(str, DEFAULT_K))})")
+    p.add_argument("--radius", type=int, nargs="+", default=list(DEFAULT_RADII),
                    help="Hamming radii (default 0 1 2); LGAP and micro F are compared at the largest")
     p.add_argument("--permutations", type=int, default=10000, help="sign-flip permutations per test (default 10000)")
     p.add_argument("--seed", type=int, default=0, help="seed of the randomisation tests and bootstrap (default 0)")
@@ -257,7 +262,8 @@ def _add_compare(sub):
 
 def _run_compare(a):
     from hashdist.atomic import exclusive
-    from hashdist.compare import compare, format_leaderboard
+    from hashdist.compare import compare
+    from hashdist.compare_report import format_leaderboard
 
     options = dict(k=a.k, radius=a.radius, permutations=a.permutations, seed=a.seed,
                    cache=False if a.no_cache else a.cache, out=a.out, overwrite=a.overwrite)

@@ -24,6 +24,7 @@ CRC32C, so a corrupted chunk is detected when it is read.
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -399,40 +400,77 @@ class DatasetWriter:
         return False
 
 
-def append_database_rows(url, words: np.ndarray, labels: np.ndarray | None) -> Dataset:
-    """Append database rows (and their labels) to an existing local dataset, updating fingerprints.
+def _chunk_file(name: str, ndim: int, index: int) -> str:
+    """The path of one row chunk's file inside the dataset directory."""
+    return f"{name}/c/{index}" + ("/0" if ndim == 2 else "")
 
-    The dataset is copied to a temporary sibling, extended there and renamed into
-    place, so an interrupted append leaves the previous complete dataset.
+
+def _rewritten_files(ds: Dataset, names) -> set[str]:
+    """Chunk files an append rewrites: the partial last chunk of each appended array."""
+    files = set()
+    for name in names:
+        fp = ds.fingerprints[name]
+        if fp.rows % fp.chunk_rows:
+            files.add(_chunk_file(name, ds.array(name).ndim, fp.rows // fp.chunk_rows))
+    return files
+
+
+def _link_tree(source: Path, target: Path, rewritten: set[str]) -> None:
+    """Recreate ``source`` in ``target``: hard links for chunk files, real copies of metadata and ``rewritten``.
+
+    Zarr's LocalStore writes a new file and renames it over the old one, so even a
+    rewritten link would leave ``source`` intact; still, every file an append may
+    rewrite is a real copy, so no write can reach the files of ``source``.
+    """
+
+    def link_or_copy(src, dst):
+        rel = Path(src).relative_to(source).as_posix()
+        if Path(src).name == "zarr.json" or rel in rewritten:
+            return shutil.copy2(src, dst)
+        os.link(src, dst)
+        return dst
+
+    shutil.copytree(source, target, copy_function=link_or_copy, dirs_exist_ok=True)
+
+
+def _append_blocks(url, root: Path, name: str, fp: ArrayFingerprint, blocks) -> ArrayFingerprint:
+    """Append an iterable of row blocks to one array of dataset ``url`` staged at ``root``; its new fingerprint."""
+    array = zarr.open_array(store=str(root), path=name, mode="r+", config={"write_empty_chunks": True})
+    writer = _ArrayWriter(array, fp.chunk_rows, fp.chunks, fp.rows)
+    for block in blocks:
+        if block.shape[1:] != array.shape[1:]:
+            raise InputError(f"{url}: appended {name} rows have shape {block.shape[1:]}, dataset's {array.shape[1:]}")
+        writer.append(block)
+    return writer.close()
+
+
+def append_database_rows(url, words, labels) -> Dataset:
+    """Append database rows (and their labels) to an existing local dataset, streaming; updates fingerprints.
+
+    ``words`` and ``labels`` are iterables of row blocks: (n, W) uint64 codes, and labels like the
+    stored ones (None when the dataset has none). The new version is built in a staged sibling that
+    hard-links the chunk files it keeps and copies only the files it rewrites, then renamed into
+    place, so an interrupted or failed append leaves the previous complete dataset.
     """
     ds = open_dataset(url)
     if not _is_local(ds.url):
         raise InputError(f"{ds.url}: appending needs a dataset on the local filesystem")
     if ds.has("queries/relevant/indptr"):
         raise InputError(f"{url}: cannot append database rows to a dataset with explicit ground truth")
-    if words.shape[1] != ds.n_words:
-        raise InputError(f"{url}: appended codes have {words.shape[1]} words per code, dataset has {ds.n_words}")
     if ds.has("database/labels") != (labels is not None):
         raise InputError(f"{url}: appended rows must have labels exactly when the dataset does")
     final = _local_path(ds.url)
-    names = ["database/codes"] + (["database/labels"] if ds.has("database/labels") else [])
-    with exclusive(final):
-        tmp = temporary_sibling(final)
-        shutil.copytree(final, tmp)
-        try:
-            group = zarr.open_group(store=str(tmp), mode="r+")
-            fingerprints = dict(group.attrs["fingerprints"])
-            for name, block in zip(names, (words, labels)):
-                fp = ds.fingerprints[name]
-                array = zarr.open_array(store=str(tmp), path=name, mode="r+", config={"write_empty_chunks": True})
-                w = _ArrayWriter(array, fp.chunk_rows, fp.chunks, fp.rows)
-                w.append(block)
-                fingerprints[name] = w.close().to_json()
-            group.attrs["fingerprints"] = fingerprints
-            replace_directory(tmp, final)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
+    parts = {"database/codes": words, **({"database/labels": labels} if labels is not None else {})}
+    with staged_directory(final) as tmp:
+        ds = open_dataset(url)  # again under the lock: the version this append extends
+        _link_tree(final, tmp, _rewritten_files(ds, parts))
+        group = zarr.open_group(store=str(tmp), mode="r+")
+        fingerprints = dict(group.attrs["fingerprints"])
+        for name, blocks in parts.items():
+            fingerprints[name] = _append_blocks(url, tmp, name, ds.fingerprints[name], blocks).to_json()
+        if len({fingerprints[name]["rows"] for name in parts}) > 1:
+            raise InputError(f"{url}: appended codes and labels have different numbers of rows")
+        group.attrs["fingerprints"] = fingerprints
     return open_dataset(url)
 
 

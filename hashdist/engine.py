@@ -12,43 +12,30 @@ release the GIL), and ``flows/evaluate.py`` drives the same steps as tasks.
 
 from __future__ import annotations
 
-import os
+import functools
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from hashdist.blocks import Block, block_rows, row_ranges, split_by_pairs
 from hashdist.cache import BlockCache
+from hashdist.codeusage import bit_ones_block, code_usage
 from hashdist.dataset import Dataset, combine_digests, open_dataset
+from hashdist.defaults import DEFAULT_DB_BLOCK_ROWS, DEFAULT_MAX_GRADE, DEFAULT_QUERY_BLOCK_ROWS
 from hashdist.errors import InputError
 from hashdist.kernels import KERNEL_VERSION
 from hashdist.kernels.codecounts import ball_lookup_table, code_counts, max_bucket_within, merge_code_counts
-from hashdist.codeusage import bit_ones_block, code_usage
 from hashdist.kernels.hashtable import hashtable_counts
 from hashdist.kernels.histogram import histogram_block
 from hashdist.metrics.summary import MetricParams, aggregate, concat_per_query, per_query_metrics
 
-DEFAULT_QUERY_BLOCK_ROWS = 2048
-DEFAULT_DB_BLOCK_ROWS = 262144
-DEFAULT_MAX_GRADE = 8
-
-
-@dataclass(frozen=True)
-class HistogramBlock:
-    q0: int
-    q1: int
-    d0: int
-    d1: int
-    key: str
-
-    @property
-    def pairs(self) -> int:
-        return (self.q1 - self.q0) * (self.d1 - self.d0)
-
 
 @dataclass(frozen=True)
 class CountBlock:
+    """Database rows [d0, d1) whose distinct codes are counted; ``key`` is its content key."""
+
     d0: int
     d1: int
     key: str
@@ -63,28 +50,16 @@ class Plan:
     relevance: str
     max_grade: int
     max_radius: int
+    query_block_rows: int
+    db_block_rows: int
     query_blocks: tuple[tuple[int, int], ...]
-    histogram_blocks: tuple[HistogramBlock, ...]
+    histogram_blocks: tuple[Block, ...]
     count_blocks: tuple[CountBlock, ...]
     hashtables: tuple[tuple[int, int], ...] = ()  # (K bits, L tables) per hashtable-bucket setting
 
     @property
     def pairs(self) -> int:
         return sum(b.pairs for b in self.histogram_blocks)
-
-    def blocks_of_query_block(self, q0: int) -> list[HistogramBlock]:
-        return [b for b in self.histogram_blocks if b.q0 == q0]
-
-
-def _aligned(rows: int | None, chunk: int, default: int, option: str) -> int:
-    rows = default if rows is None else rows
-    if int(rows) != rows or rows < 1:
-        raise InputError(f"{option} must be a positive integer, got {rows}")
-    return -(-int(rows) // chunk) * chunk  # round up to whole chunks
-
-
-def _ranges(total: int, step: int) -> list[tuple[int, int]]:
-    return [(start, min(start + step, total)) for start in range(0, total, step)]
 
 
 def check_relevance(ds: Dataset, relevance: str | None) -> str:
@@ -112,10 +87,10 @@ def make_plan(
         max_grade = 1
     elif int(max_grade) != max_grade or max_grade < 1:
         raise InputError(f"--max-grade must be a positive integer, got {max_grade}")
-    qrows = _aligned(query_block_rows, ds.chunk_rows("queries"), DEFAULT_QUERY_BLOCK_ROWS, "--query-block-rows")
-    drows = _aligned(db_block_rows, ds.chunk_rows("database"), DEFAULT_DB_BLOCK_ROWS, "--db-block-rows")
+    qrows = block_rows(query_block_rows, ds.chunk_rows("queries"), DEFAULT_QUERY_BLOCK_ROWS, "--query-block-rows")
+    drows = block_rows(db_block_rows, ds.chunk_rows("database"), DEFAULT_DB_BLOCK_ROWS, "--db-block-rows")
     fp = ds.fingerprints
-    common = (KERNEL_VERSION, ds.nbits, relevance, max_grade, *(f"{k}x{l}" for k, l in hashtables))
+    common = (KERNEL_VERSION, ds.nbits, relevance, max_grade, *(f"{bits}x{tables}" for bits, tables in hashtables))
 
     def query_digest(q0, q1):
         rel = ds.relevant_digest(q0, q1) if relevance == "explicit" else fp["queries/labels"].rows_digest(q0, q1)
@@ -127,12 +102,12 @@ def make_plan(
             parts.append(fp["database/labels"].rows_digest(d0, d1))
         return combine_digests(parts)
 
-    query_blocks = _ranges(ds.n_queries, qrows)
-    db_blocks = _ranges(ds.n_database, drows)
+    query_blocks = row_ranges(ds.n_queries, qrows)
+    db_blocks = row_ranges(ds.n_database, drows)
     q_digests = {q: query_digest(*q) for q in query_blocks}
     d_digests = {d: db_digest(*d) for d in db_blocks}
     hist = tuple(
-        HistogramBlock(q0, q1, d0, d1, combine_digests(("histogram", *common, q_digests[q0, q1], d_digests[d0, d1])))
+        Block(q0, q1, d0, d1, combine_digests(("histogram", *common, q_digests[q0, q1], d_digests[d0, d1])))
         for (q0, q1) in query_blocks
         for (d0, d1) in db_blocks
     )
@@ -140,14 +115,14 @@ def make_plan(
         CountBlock(d0, d1, combine_digests(("code_counts", KERNEL_VERSION, fp["database/codes"].rows_digest(d0, d1))))
         for (d0, d1) in db_blocks
     )
-    return Plan(ds.url, ds.nbits, relevance, max_grade, max_radius, tuple(query_blocks), hist, counts,
+    return Plan(ds.url, ds.nbits, relevance, max_grade, max_radius, qrows, drows, tuple(query_blocks), hist, counts,
                 tuple(hashtables))
 
 
 # -- block computations (each opens the dataset itself, so it can run anywhere) --
 
 
-def compute_histogram(plan: Plan, block: HistogramBlock, ds: Dataset | None = None) -> dict[str, np.ndarray]:
+def compute_histogram(plan: Plan, block: Block, ds: Dataset | None = None) -> dict[str, np.ndarray]:
     """The block's partial results: ``H`` and, per hashtable setting, per-query TP and retrieved counts."""
     ds = ds or open_dataset(plan.url)
     qc = ds.codes("queries", block.q0, block.q1)
@@ -161,14 +136,15 @@ def compute_histogram(plan: Plan, block: HistogramBlock, ds: Dataset | None = No
         "H": histogram_block(qc, dc, plan.nbits, plan.relevance, qrel, drel, db_start=block.d0,
                              max_grade=plan.max_grade)
     }
-    for k, l in plan.hashtables:
-        tp, retrieved = hashtable_counts(qc, dc, plan.nbits, k, l, qrel, drel, plan.relevance, db_start=block.d0)
-        result[f"hashtable_tp/{k}x{l}"] = tp
-        result[f"hashtable_retrieved/{k}x{l}"] = retrieved
+    for bits, tables in plan.hashtables:
+        tp, retrieved = hashtable_counts(qc, dc, plan.nbits, bits, tables, qrel, drel, plan.relevance,
+                                         db_start=block.d0)
+        result[f"hashtable_tp/{bits}x{tables}"] = tp
+        result[f"hashtable_retrieved/{bits}x{tables}"] = retrieved
     return result
 
 
-def cached_histogram(plan: Plan, block: HistogramBlock, cache: BlockCache) -> tuple[dict[str, np.ndarray], bool]:
+def cached_histogram(plan: Plan, block: Block, cache: BlockCache) -> tuple[dict[str, np.ndarray], bool]:
     """(the block's partial results, True if they came from the cache)."""
     hit = cache.get(block.key)
     if hit is not None and "H" in hit and hit["H"].shape[0] == block.q1 - block.q0:
@@ -176,35 +152,6 @@ def cached_histogram(plan: Plan, block: HistogramBlock, cache: BlockCache) -> tu
     result = compute_histogram(plan, block)
     cache.put(block.key, result)
     return result, False
-
-
-def add_partials(total: dict | None, part: dict) -> dict:
-    """Exact integer sum of two blocks' partial results for the same queries."""
-    return dict(part) if total is None else {key: total[key] + part[key] for key in total}
-
-
-def sum_histogram_blocks(plan: Plan, blocks, cache: BlockCache) -> tuple[dict[int, dict], int]:
-    """Several blocks in turn: (summed partial results per query block start q0, blocks computed)."""
-    sums: dict[int, dict] = {}
-    computed = 0
-    for block in blocks:
-        part, was_cached = cached_histogram(plan, block, cache)
-        sums[block.q0] = add_partials(sums.get(block.q0), part)
-        computed += not was_cached
-    return sums, computed
-
-
-def split_by_pairs(blocks, parts: int) -> list[tuple[HistogramBlock, ...]]:
-    """Consecutive runs of blocks with about equal query-item pairs, at most ``parts`` of them."""
-    blocks = tuple(blocks)
-    total = sum(b.pairs for b in blocks)
-    runs, start, done = [], 0, 0
-    for i, block in enumerate(blocks):
-        done += block.pairs
-        if done * parts >= total * (len(runs) + 1) or i == len(blocks) - 1:
-            runs.append(blocks[start : i + 1])
-            start = i + 1
-    return runs
 
 
 def cached_code_counts(plan: Plan, block: CountBlock, cache: BlockCache) -> dict[str, np.ndarray]:
@@ -217,6 +164,66 @@ def cached_code_counts(plan: Plan, block: CountBlock, cache: BlockCache) -> dict
     result = {"codes": codes, "counts": counts, "bit_ones": bit_ones_block(words, plan.nbits)}
     cache.put(block.key, result)
     return result
+
+
+# -- the reduction: one mergeable state, whichever engine drives the blocks ------
+
+
+@dataclass
+class Partials:
+    """The mergeable state of a run: block results summed per query block (exact integers), the
+    code counts of the database blocks done, and how many blocks were computed or came from the cache.
+
+    ``add_block`` and ``add_code_counts`` update it, ``merge`` combines two (in any order, any
+    grouping: the sums are exact), and :func:`finish` turns the complete state into a RunResult.
+    """
+
+    sums: dict[int, dict[str, np.ndarray]] = field(default_factory=dict)
+    code_counts: list[dict[str, np.ndarray]] = field(default_factory=list)
+    computed: int = 0
+    cached: int = 0
+
+    def add_block(self, q0: int, result: dict[str, np.ndarray], was_cached: bool) -> None:
+        self._add_sums(q0, result)
+        self.cached += was_cached
+        self.computed += not was_cached
+
+    def add_code_counts(self, counts: dict[str, np.ndarray]) -> None:
+        self.code_counts.append(counts)
+
+    def merge(self, other: Partials) -> Partials:
+        for q0, part in other.sums.items():
+            self._add_sums(q0, part)
+        self.code_counts += other.code_counts
+        self.computed += other.computed
+        self.cached += other.cached
+        return self
+
+    def _add_sums(self, q0: int, part: dict[str, np.ndarray]) -> None:
+        total = self.sums.get(q0)
+        self.sums[q0] = dict(part) if total is None else {key: total[key] + part[key] for key in total}
+
+
+def run_blocks(plan: Plan, blocks, count_blocks, cache: BlockCache, progress=None) -> Partials:
+    """One worker's share: these histogram blocks and code-count blocks, from the cache or computed.
+
+    ``progress(block, cached)`` is called after each histogram block.
+    """
+    partials = Partials()
+    for block in blocks:
+        result, was_cached = cached_histogram(plan, block, cache)
+        partials.add_block(block.q0, result, was_cached)
+        if progress:
+            progress(block, was_cached)
+    for block in count_blocks:
+        partials.add_code_counts(cached_code_counts(plan, block, cache))
+    return partials
+
+
+def work_shares(plan: Plan, parts: int) -> list[tuple[tuple[Block, ...], tuple[CountBlock, ...]]]:
+    """The plan cut into at most ``parts`` shares of about equal pairs, the code-count blocks dealt round."""
+    runs = split_by_pairs(plan.histogram_blocks, parts)
+    return [(run, plan.count_blocks[i :: len(runs)]) for i, run in enumerate(runs)]
 
 
 @dataclass(frozen=True)
@@ -247,9 +254,6 @@ def query_block_metrics(plan: Plan, q0: int, q1: int, partials: dict, table: Cod
     return per_query
 
 
-# -- running a whole plan in this process --------------------------------------
-
-
 @dataclass
 class RunResult:
     """What a run produces, however it was driven."""
@@ -263,38 +267,37 @@ class RunResult:
     timing: dict = field(default_factory=dict)
 
 
-def finish(plan: Plan, params: MetricParams, per_query_parts, table: CodeTable, computed: int, cached: int):
-    """Concatenate per-query values, aggregate them, and summarise the database's code usage."""
-    per_query = concat_per_query(list(per_query_parts))
+def finish(plan: Plan, params: MetricParams, partials: Partials, map_query_blocks) -> RunResult:
+    """The complete state to a RunResult: code table, per-query metrics per query block, means, code usage.
+
+    ``map_query_blocks(items)`` returns ``query_block_metrics(plan, q0, q1, sums, table, params)`` for
+    every item ``(q0, q1, sums, table)``, in order (a thread pool in this process, Prefect tasks in the
+    flow). Records reduce_s and metrics_s.
+    """
+    t0 = time.perf_counter()
+    table = code_table(plan, partials.code_counts)
+    t1 = time.perf_counter()
+    parts = map_query_blocks([(q0, q1, partials.sums[q0], table) for q0, q1 in plan.query_blocks])
+    per_query = concat_per_query(list(parts))
     metrics, queries = aggregate(per_query, params)
     usage = code_usage(table.counts, table.bit_ones, int(table.counts.sum()), plan.nbits)
-    blocks = {"total": len(plan.histogram_blocks), "computed": computed, "cached": cached}
-    return RunResult(metrics, queries, per_query, table.counts, usage, blocks)
+    blocks = {"total": len(plan.histogram_blocks), "computed": partials.computed, "cached": partials.cached}
+    timing = {"reduce_s": t1 - t0, "metrics_s": time.perf_counter() - t1}
+    return RunResult(metrics, queries, per_query, table.counts, usage, blocks, timing)
 
 
-def run_local(plan: Plan, params: MetricParams, cache: BlockCache, *, threads: int | None = None, progress=None):
-    """Run every block of the plan with a thread pool in this process; returns a RunResult.
+def run_local(plan: Plan, params: MetricParams, cache: BlockCache, *, threads: int, progress=None) -> RunResult:
+    """Run every block of the plan with ``threads`` threads in this process; returns a RunResult.
 
     ``progress(block, cached)`` is called after each histogram block.
     """
-    threads = threads or os.cpu_count() or 1
-    computed = cached = 0
     t0 = time.perf_counter()
     with ThreadPoolExecutor(threads) as pool:
-        counts = list(pool.map(lambda b: cached_code_counts(plan, b, cache), plan.count_blocks))
-        sums: dict[int, dict] = {}
-        for block, (part, was_cached) in zip(
-            plan.histogram_blocks, pool.map(lambda b: cached_histogram(plan, b, cache), plan.histogram_blocks)
-        ):
-            sums[block.q0] = add_partials(sums.get(block.q0), part)
-            cached += was_cached
-            computed += not was_cached
-            if progress:
-                progress(block, was_cached)
+        shares = work_shares(plan, threads)
+        partials = functools.reduce(
+            Partials.merge, pool.map(lambda share: run_blocks(plan, *share, cache, progress), shares), Partials())
         t1 = time.perf_counter()
-        table = code_table(plan, counts)
-        t2 = time.perf_counter()
-        parts = pool.map(lambda q: query_block_metrics(plan, q[0], q[1], sums[q[0]], table, params), plan.query_blocks)
-        result = finish(plan, params, parts, table, computed, cached)
-    result.timing = {"compute_s": t1 - t0, "reduce_s": t2 - t1, "metrics_s": time.perf_counter() - t2}
+        result = finish(plan, params, partials,
+                        lambda items: list(pool.map(lambda item: query_block_metrics(plan, *item, params), items)))
+    result.timing = {"compute_s": t1 - t0, **result.timing}
     return result

@@ -43,10 +43,9 @@ import numba
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from hashdist.api import resolve_cache
-from hashdist.cache import BlockCache
+from hashdist.blocks import Block, block_rows, row_ranges
+from hashdist.cache import BlockCache, resolve_cache
 from hashdist.dataset import FEATURES, Dataset, chunk_digest, combine_digests, open_dataset, replace_relevant
-from hashdist.engine import _aligned, _ranges
 from hashdist.errors import InputError
 
 METHODS = ("epsilon_ball", "top_percent")
@@ -132,9 +131,9 @@ def prepare(dataset, *, method: str, neighbors=None, sample=None, seed=None, eps
     if method not in METHODS:
         raise InputError(f"--method must be one of {', '.join(METHODS)}, got {method!r}")
     blocks = dict(
-        query_block_rows=_aligned(query_block_rows, ds.chunk_rows("queries"), DEFAULT_QUERY_BLOCK_ROWS,
+        query_block_rows=block_rows(query_block_rows, ds.chunk_rows("queries"), DEFAULT_QUERY_BLOCK_ROWS,
                                   "--query-block-rows"),
-        db_block_rows=_aligned(db_block_rows, ds.chunk_rows("database"), DEFAULT_DB_BLOCK_ROWS, "--db-block-rows"),
+        db_block_rows=block_rows(db_block_rows, ds.chunk_rows("database"), DEFAULT_DB_BLOCK_ROWS, "--db-block-rows"),
     )
     n = ds.n_database
     if method == "top_percent":
@@ -162,22 +161,14 @@ def prepare(dataset, *, method: str, neighbors=None, sample=None, seed=None, eps
     if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
         raise InputError(f"--seed must be a non-negative integer, got {seed!r}")
     if neighbors >= n:
-        raise InputError(f"--neighbors {neighbors} must be below the {n} database items (a point is not its own neighbour)")
+        raise InputError(
+            f"--neighbors {neighbors} must be below the {n} database items (a point is not its own neighbour)")
     if sample > n:
         raise InputError(f"--sample {sample} exceeds the {n} database items")
     return ds, Params(method, neighbors=neighbors, sample=sample, seed=int(seed), **blocks)
 
 
 # -- sweeps and their blocks --------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Block:
-    q0: int
-    q1: int
-    d0: int
-    d1: int
-    key: str
 
 
 @dataclass(frozen=True, eq=False)
@@ -206,17 +197,17 @@ def make_sweep(ds: Dataset, params: Params, kind: str, *, sample=None, sample_fe
     fp = ds.fingerprints
     dtype = np.result_type(*(ds.array(name).dtype for name in FEATURES)).name
     if sample is None:
-        query_blocks = _ranges(ds.n_queries, params.query_block_rows)
+        query_blocks = row_ranges(ds.n_queries, params.query_block_rows)
 
         def query_digest(q0, q1):
             return fp["queries/features"].rows_digest(q0, q1)
     else:
-        query_blocks = _ranges(len(sample), params.query_block_rows)
+        query_blocks = row_ranges(len(sample), params.query_block_rows)
 
         def query_digest(q0, q1):
             return combine_digests(("sample", chunk_digest(sample[q0:q1]), chunk_digest(sample_features[q0:q1])))
 
-    db_blocks = _ranges(ds.n_database, params.db_block_rows)
+    db_blocks = row_ranges(ds.n_database, params.db_block_rows)
 
     def work_digest(q0, q1):
         if kind == "smallest":

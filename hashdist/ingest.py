@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hashdist.bits import check_code_convention, code_values, n_words, numpy_packed_to_words, pack_bits
+from hashdist.bits import check_code_convention, code_values, numpy_packed_to_words, pack_bits
 from hashdist.dataset import DEFAULT_CHUNK_ROWS, DEFAULT_QUERY_CHUNK_ROWS, MAX_NBITS, DatasetWriter
 from hashdist.errors import InputError
 
@@ -253,8 +253,27 @@ def ingest(
     return str(out)
 
 
+def _check_append_labels(arr, path, ds) -> str:
+    """The kind of appended labels, refusing a kind or width that differs from the dataset's labels."""
+    kind = _label_kind(arr, path)
+    if not ds.has("database/labels"):
+        raise InputError(f"{path}: labels given but the dataset {ds.url} has no database labels")
+    stored = "class" if ds.array("database/labels").ndim == 1 else "multilabel"
+    if kind == "class" and stored == "multilabel":
+        raise InputError(f"{path}: 1-D class labels but the dataset's labels are multi-hot with {ds.n_labels} columns")
+    if kind == "multilabel" and stored == "class":
+        raise InputError(f"{path}: {arr.shape} multi-hot labels but the dataset has 1-D class labels")
+    if kind == "multilabel" and arr.shape[1] != ds.n_labels:
+        raise InputError(f"{path}: {arr.shape} multi-hot labels but the dataset has {ds.n_labels} label columns")
+    return kind
+
+
 def append(dataset, db_codes, db_labels=None, *, packed: bool = False) -> str:
-    """Append database rows from files to an existing dataset (``hashdist ingest --append``)."""
+    """Append database rows from files to an existing dataset (``hashdist ingest --append``), streaming.
+
+    Every check that needs only shapes runs before anything is written; values are
+    validated block by block as they are written into the staged new version.
+    """
     from hashdist.dataset import append_database_rows, open_dataset
 
     ds = open_dataset(dataset)
@@ -264,15 +283,12 @@ def append(dataset, db_codes, db_labels=None, *, packed: bool = False) -> str:
     width = _code_width(db, db_codes, packed, ds.nbits if packed else None)
     if width != ds.nbits:
         raise InputError(f"{db_codes}: codes have {width} bits but the dataset has {ds.nbits}")
-    words = np.concatenate(list(_code_blocks(db, db_codes, packed, width, ds.chunk_rows("database"))))
+    rows = ds.chunk_rows("database")
     labels = None
     if db_labels is not None:
         arr = load_array(db_labels)
         if arr.shape[0] != db.shape[0]:
             raise InputError(f"{db_labels}: {arr.shape[0]} labels but {db.shape[0]} codes in {db_codes}")
-        kind = _label_kind(arr, db_labels)
-        labels = np.concatenate(list(_label_blocks(arr, db_labels, kind, ds.chunk_rows("database"))))
-        if kind == "multilabel" and labels.shape[1] != n_words(ds.n_labels):
-            raise InputError(f"{db_labels}: {arr.shape[1]} label columns, dataset has {ds.n_labels}")
-    append_database_rows(ds.url, words, labels)
+        labels = _label_blocks(arr, db_labels, _check_append_labels(arr, db_labels, ds), rows)
+    append_database_rows(ds.url, _code_blocks(db, db_codes, packed, width, rows), labels)
     return ds.url

@@ -6,8 +6,7 @@ it is either the previous complete report or the new one, never half of each.
 
 from __future__ import annotations
 
-import base64
-import io
+import html
 import json
 import math
 import subprocess
@@ -18,6 +17,10 @@ import numpy as np
 
 from hashdist.atomic import staged_directory
 from hashdist.errors import InputError
+from hashdist.metrics.registry import FIELD_LABELS, MEASURES, POLICIES, lookup
+from hashdist.render import fmt, html_figure, html_table, page, png, text_table
+
+__all__ = ["format_table", "render_html", "tables", "write_outputs"]
 
 REPORT_MARKER = "hashdist-report"
 _PACKAGES = ("hashdist", "numpy", "numba", "zarr", "scipy", "prefect", "prefect-dask", "dask", "distributed")
@@ -64,57 +67,53 @@ def json_safe(x):
     return x
 
 
-# -- terminal table ------------------------------------------------------------
+# -- tables (the terminal and the HTML page show the same ones) -----------------
 
 
-def _fmt(x) -> str:
-    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.4f}"
+def tables(report: dict) -> list[tuple[str, list[str], list[list[str]]]]:
+    """(caption, header, rows) of every tabulated measure of the registry, in registry order."""
+    m = report["metrics"]
+    ranked = [[measure.label_for(value, variant), *(fmt(v[p]) for p in POLICIES)]
+              for measure in MEASURES if measure.policies
+              for value in (m[measure.key] if measure.parameter else [None])
+              for variant in measure.variants or (None,)
+              for v in [lookup(m, measure, value, variant)]]
+    order_free = [[measure.label_for(), fmt(m[measure.key])] for measure in MEASURES
+                  if not measure.policies and not measure.parameter and not measure.fields and not measure.curve]
+    order_free += [[f"{measure.label_for()} ({field})", fmt(m[measure.key][field])] for measure in MEASURES
+                   if not measure.parameter and measure.fields for field in measure.fields]
+    out = [("Ranking by Hamming distance; ties: expected over all orders, best and worst order",
+            ["metric", *POLICIES], ranked),
+           ("Independent of tie order", ["metric", "value"], order_free)]
+    for parameter, caption in (("radius", "Retrieval within Hamming radius r (micro: counts summed over queries)"),
+                               ("hashtable", "Hashtable-bucket paradigm, L tables of K-bit substrings (micro)")):
+        measures = [x for x in MEASURES if x.parameter == parameter]
+        values = list(m[measures[0].key]) if measures else []
+        if not values:
+            continue
+        header = [parameter] + [f"{FIELD_LABELS[f]} ({x.column})" if x.column else FIELD_LABELS[f]
+                                for x in measures for f in x.fields] + [x.column for x in measures if not x.fields]
+        rows = [[value] + [fmt(m[x.key][value][f]) for x in measures for f in x.fields]
+                + [fmt(m[x.key][value]) for x in measures if not x.fields] for value in values]
+        out.append((caption, header, rows))
+    return out
 
 
 def format_table(report: dict) -> str:
-    """The headline metrics as an aligned text table (tie policies as columns)."""
-    m = report["metrics"]
-    rows = [("mAP", m["map"])]
-    for k in m["map_at_k"]:
-        for norm, v in m["map_at_k"][k].items():
-            rows.append((f"mAP@{k} ({norm})", v))
-    for name, label in (("precision_at_k", "P@{}"), ("recall_at_k", "R@{}"), ("ndcg_at_k", "NDCG@{}"),
-                        ("ndcg_structhash_at_k", "NDCG-SH@{}")):
-        for k, v in m[name].items():
-            rows.append((label.format(k), v))
-    lines = [f"{'metric':<24}{'expected':>10}{'best':>10}{'worst':>10}"]
-    lines += [f"{name:<24}{_fmt(v['expected']):>10}{_fmt(v['best']):>10}{_fmt(v['worst']):>10}" for name, v in rows]
-    lines.append(f"{'AUC':<24}{_fmt(m['auc']):>10}")
-    lines.append("")
-    lines.append(f"{'radius':<8}{'P (macro)':>10}{'R (macro)':>10}{'P (micro)':>10}{'R (micro)':>10}{'F-beta':>10}{'mLGAP':>10}")
-    for r in m["micro_at_radius"]:
-        mi = m["micro_at_radius"][r]
-        lines.append(
-            f"{r:<8}{_fmt(m['precision_at_radius'][r]):>10}{_fmt(m['recall_at_radius'][r]):>10}"
-            f"{_fmt(mi['precision']):>10}{_fmt(mi['recall']):>10}{_fmt(mi['f_beta']):>10}"
-            f"{_fmt(m['mlgap_at_radius'][r]):>10}"
-        )
-    lines.append(f"AUPRC step {_fmt(m['auprc']['step'])}, trapezoid {_fmt(m['auprc']['trapezoid'])}")
-    for setting, h in m.get("hashtable", {}).items():
-        lines.append(f"hashtable {setting} (L tables of K bits): P {_fmt(h['precision'])}, R {_fmt(h['recall'])}, "
-                     f"F-beta {_fmt(h['f_beta'])}")
+    """The metric tables as aligned text, then code usage and the evaluated query count."""
+    parts = [text_table(*t) for t in tables(report)]
     usage = report.get("code_usage")
     if usage:
-        lines.append(f"code usage: {usage['distinct_codes']} distinct codes, largest bucket {usage['max_bucket']}, "
+        parts.append(f"code usage: {usage['distinct_codes']} distinct codes, largest bucket {usage['max_bucket']}, "
                      f"{100 * usage['collision_fraction']:.1f}% of items share their code, entropy "
                      f"{usage['entropy_bits']:.2f} bits ({usage['entropy_ratio']:.3f} of B)")
     q = report["queries"]
-    lines.append(f"queries: {q['evaluated']} evaluated of {q['total']} ({q['without_relevant']} without relevant items)")
-    return "\n".join(lines)
+    parts.append(f"queries: {q['evaluated']} evaluated of {q['total']} ({q['without_relevant']} without relevant "
+                 "items)")
+    return "\n\n".join(parts)
 
 
 # -- HTML ----------------------------------------------------------------------
-
-
-def _png(fig) -> str:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
-    return base64.b64encode(buf.getvalue()).decode()
 
 
 def plots(report: dict, per_query: dict, code_counts: np.ndarray) -> dict[str, str]:
@@ -180,33 +179,43 @@ def plots(report: dict, per_query: dict, code_counts: np.ndarray) -> dict[str, s
     figs["code_usage"] = fig
 
     for name, fig in figs.items():
-        out[name] = _png(fig)
+        out[name] = png(fig)
         plt.close(fig)
     return out
 
 
-def render_html(report: dict, images: dict[str, str]) -> str:
-    import html
+CAPTIONS = {
+    "pr_curve": "Micro precision-recall curve over Hamming radii 0..B: TP, FP and FN summed over the evaluated "
+                "queries at each radius (labels: radius r). The curve does not depend on how ties are ordered.",
+    "radius": "Macro precision P@r and recall R@r of the items within Hamming radius r, averaged over the evaluated "
+              "queries (P@r = 0 for a query whose radius-r ball is empty).",
+    "ap_distribution": "Distribution of per-query average precision over the full Hamming ranking, expected over "
+                       "all orders of items tied at one distance.",
+    "map_interval": "mAP under ties: any tie-breaking rule gives a value between worst (relevant items last in "
+                    "each tie group) and best (first); expected is the exact mean over all tie orders.",
+    "code_usage": "How the database fills the code space: items per distinct code, most used code first (log-log). "
+                  "A steep head means many items collapsed onto few codes (the mLGAP paper's Fig. 1).",
+}
 
-    d = report["dataset"]
+
+def render_html(report: dict, images: dict[str, str]) -> str:
+    d, q = report["dataset"], report["queries"]
+    p = report["parameters"]
     head = (
-        f"<h1>hashdist report</h1><p>dataset <code>{html.escape(str(d['path']))}</code>: {d['n_queries']} queries x "
-        f"{d['n_database']} database items, {d['nbits']} bits, relevance {d['relevance']}</p>"
+        f"<h1>hashdist report</h1><p>Dataset <code>{html.escape(str(d['path']))}</code>: {d['n_queries']} queries x "
+        f"{d['n_database']} database items, {d['nbits']}-bit codes, relevance {html.escape(str(d['relevance']))}. "
+        f"{q['evaluated']} of {q['total']} queries evaluated ({q['without_relevant']} without relevant items, "
+        f"rule: {html.escape(str(p.get('empty_queries')))}). Definitions: docs/metrics.md of hashdist.</p>"
     )
-    table = f"<pre>{html.escape(format_table(report))}</pre>"
-    imgs = "".join(
-        f'<figure><img alt="{name}" src="data:image/png;base64,{data}"><figcaption>{name.replace("_", " ")}'
-        "</figcaption></figure>"
-        for name, data in images.items()
-    )
-    style = "body{font-family:sans-serif;max-width:1100px;margin:auto}figure{display:inline-block;margin:8px}"
-    return f"<!doctype html><html><head><meta charset='utf-8'><title>hashdist report</title><style>{style}</style>" \
-           f"</head><body>{head}{table}{imgs}</body></html>"
+    body = "".join(html_table(caption, header, rows, f"table-{i}")
+                   for i, (caption, header, rows) in enumerate(tables(report)))
+    figures = "".join(html_figure(name, data, CAPTIONS[name]) for name, data in images.items())
+    return page("hashdist report", f"{head}<h2>Metrics</h2>{body}<h2>Plots</h2>{figures}")
 
 
 # -- writing an output directory -----------------------------------------------
 
-PER_QUERY_KEYS = ("relevant", "ap/", "precision_at_k/", "ndcg_at_k/", "lgap_at_radius/")
+PER_QUERY_KEYS = ("relevant", *(f"{m.per_query_name or m.key}/" for m in MEASURES if m.stored_per_query))
 
 
 def check_output_dir(out, overwrite: bool) -> Path:

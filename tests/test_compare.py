@@ -8,10 +8,9 @@ import pytest
 from scipy.stats import ttest_rel
 
 from hashdist.cli import main
-from hashdist.compare import (
-    bootstrap_ci, compare, holm, paired_t_pvalue, parse_methods, randomization_pvalue,
-)
+from hashdist.compare import compare, parse_methods
 from hashdist.errors import InputError
+from hashdist.stats import bootstrap_ci, holm, paired_t_pvalue, randomization_pvalue
 from hashdist.synth import digits_dataset, synth_dataset
 
 
@@ -85,7 +84,7 @@ def test_method_compared_with_itself(methods):
     for entry in c["pairs"]["a|b"]:
         assert entry["mean_diff"] == 0.0
         assert entry["t_pvalue"] == entry["randomization_pvalue"] == entry["holm_adjusted"] == 1.0
-    assert c["methods"]["a"]["map"] == c["methods"]["b"]["map"]
+    assert c["methods"]["a"]["metrics"]["map"] == c["methods"]["b"]["metrics"]["map"]
     assert c["map_order_depends_on_ties"] == ["a|b"]
 
 
@@ -122,13 +121,13 @@ def test_cli_end_to_end(methods, tmp_path, capsys):
     assert list(c["methods"]) == list(methods)
     good, collapsed = c["methods"]["good@16"], c["methods"]["collapsed@16"]
     assert good["nbits"] == 16 and c["methods"]["good@32"]["nbits"] == 32 and good["group"] == "good"
-    assert good["map"]["expected"] > collapsed["map"]["expected"]
-    assert good["map_ci"][0] <= good["map"]["expected"] <= good["map_ci"][1]
-    assert good["mlgap_ci"][0] <= good["mlgap"] <= good["mlgap_ci"][1]
+    assert good["metrics"]["map"]["expected"] > collapsed["metrics"]["map"]["expected"]
+    assert good["map_ci"][0] <= good["metrics"]["map"]["expected"] <= good["map_ci"][1]
+    assert good["mlgap_ci"][0] <= good["metrics"]["mlgap_at_radius"]["2"] <= good["mlgap_ci"][1]
     assert collapsed["code_usage"]["max_bucket"] > good["code_usage"]["max_bucket"]
     assert collapsed["code_usage"]["entropy_bits"] < good["code_usage"]["entropy_bits"]
     assert len(good["code_usage"]["bit_balance"]) == 16
-    assert set(good["map_at_k"]) == {"10", "50"}
+    assert set(good["metrics"]["map_at_k"]) == {"10", "50"}
     assert set(c["pairs"]) == {"good@16|good@32", "good@16|collapsed@16", "good@32|collapsed@16"}
     for entries in c["pairs"].values():
         assert [e["metric"] for e in entries] == ["ap", "lgap"]
@@ -139,7 +138,7 @@ def test_cli_end_to_end(methods, tmp_path, capsys):
         sorted(holm(list(ap.values()))))
     page = (out / "comparison.html").read_text()
     for figure in ("pr_curves", "bit_length", "code_occupancy", "bit_balance"):
-        assert f'alt="{figure}" src="data:image/png;base64,' in page
+        assert f'<figure id="fig-{figure}"><img' in page and "data:image/png;base64," in page
     assert "http://" not in page and "https://" not in page
     # a rerun with the same seed gives the same numbers
     assert main([*argv, "--overwrite"]) == 0

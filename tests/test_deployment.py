@@ -13,7 +13,6 @@ import pytest
 
 from hashdist.api import evaluate_local
 from hashdist.report import json_safe
-
 from tests.conftest import free_port
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -5,7 +5,8 @@ import pytest
 
 from hashdist.bits import pack_bits, pack_labels
 from hashdist.errors import InputError
-from hashdist.kernels.hashtable import hashtable_counts, hashtable_metrics, parse_hashtable_spec
+from hashdist.kernels.hashtable import hashtable_counts, parse_hashtable_spec
+from hashdist.metrics.radius import hashtable_metrics
 
 
 def _brute_retrieved(q_bits, db_bits, k_bits, n_tables):

@@ -14,10 +14,10 @@ import zlib
 
 import numpy as np
 import pytest
+import reference as ref
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import reference as ref
 from hashdist.kernels.codecounts import max_bucket_within
 from hashdist.kernels.histogram import histogram_block
 from hashdist.metrics import (

@@ -8,9 +8,9 @@ import pytest
 from hashdist.api import evaluate_local
 from hashdist.bits import unpack_bits
 from hashdist.dataset import open_dataset
-from hashdist.engine import HistogramBlock, compute_histogram, make_plan, split_by_pairs
+from hashdist.blocks import Block, split_by_pairs
+from hashdist.engine import compute_histogram, make_plan
 from hashdist.ingest import append, ingest
-
 from tests.conftest import write_inputs
 
 
@@ -38,7 +38,7 @@ def test_ingest_round_trip_and_histogram_matches_brute_force(tmp_path):
 @pytest.mark.parametrize("parts", [1, 2, 3, 4, 7, 40])
 def test_split_by_pairs_covers_every_block_once_in_balanced_runs(parts):
     rng = np.random.default_rng(parts)
-    blocks = [HistogramBlock(q, q + int(rng.integers(1, 9)), d, d + int(rng.integers(1, 50)), f"{q}-{d}")
+    blocks = [Block(q, q + int(rng.integers(1, 9)), d, d + int(rng.integers(1, 50)), f"{q}-{d}")
               for q in range(0, 40, 8) for d in range(0, 300, 50)]
     runs = split_by_pairs(blocks, parts)
     assert [b for run in runs for b in run] == blocks and all(runs)

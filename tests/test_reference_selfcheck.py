@@ -14,7 +14,6 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
-
 import reference as ref
 
 RANKING = ("ap", "ap_at_k", "precision_at_k", "recall_at_k", "ndcg_at_k", "ndcg_structhash_at_k")

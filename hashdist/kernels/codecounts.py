@@ -9,11 +9,10 @@ scanning the distinct codes, whichever is cheaper.
 
 from __future__ import annotations
 
-from math import comb
-
 import numpy as np
 from numba import njit
 
+from hashdist.bits import ball_volumes
 from hashdist.kernels.popcount import hamming
 
 
@@ -42,11 +41,6 @@ def merge_code_counts(parts) -> tuple[np.ndarray, np.ndarray]:
     total = np.zeros(len(unique), dtype=np.int64)
     np.add.at(total, inverse.reshape(-1), counts)
     return np.ascontiguousarray(unique), total
-
-
-def ball_size(nbits: int, radius: int) -> int:
-    """V_k: number of codes within Hamming distance ``radius`` (occupied or not)."""
-    return sum(comb(nbits, i) for i in range(radius + 1))
 
 
 # -- hash table over code rows (open addressing, linear probing) ---------------
@@ -154,7 +148,7 @@ def ball_lookup_table(codes: np.ndarray, nbits: int, radius: int) -> np.ndarray 
     scanning them (each ball code costs a few word operations, a scan one distance per code);
     ``None`` means scan. Build it once per run and pass it to :func:`max_bucket_within`."""
     codes = np.ascontiguousarray(codes, dtype=np.uint64)
-    if not len(codes) or 4 * ball_size(nbits, min(radius, nbits)) >= len(codes):
+    if not len(codes) or 4 * ball_volumes(nbits, min(radius, nbits))[-1] >= len(codes):
         return None
     return _build_table(codes, 1 << int(2 * len(codes) - 1).bit_length())
 

@@ -18,7 +18,6 @@ from numba import njit
 
 from hashdist.errors import InputError
 from hashdist.kernels.popcount import common_bits
-from hashdist.metrics.radius import micro_scores
 
 _SPEC = re.compile(r"^\s*(\d+)\s*[xX]\s*(\d+)\s*$")
 
@@ -151,8 +150,3 @@ def hashtable_counts(
     else:
         raise ValueError(f"unknown relevance kind {kind!r}")
     return tp, retrieved
-
-
-def hashtable_metrics(tp_total: int, retrieved_total: int, relevant_total: int, beta: float = 1.0) -> dict:
-    """Micro precision, recall, F-beta and TP, FP, FN of the retrieved sets summed over queries."""
-    return micro_scores(int(tp_total), int(retrieved_total - tp_total), int(relevant_total - tp_total), beta)

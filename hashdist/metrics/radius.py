@@ -8,10 +8,10 @@ These do not depend on tie order.
 from __future__ import annotations
 
 import math
-from math import comb
 
 import numpy as np
 
+from hashdist.bits import ball_volumes
 from hashdist.metrics.ranking import group_counts
 
 
@@ -56,6 +56,12 @@ def micro_scores(tp: int, fp: int, fn: int, beta: float) -> dict:
     }
 
 
+def hashtable_metrics(tp_total: int, retrieved_total: int, relevant_total: int, beta: float = 1.0) -> dict:
+    """The hashtable-bucket paradigm: micro scores of the retrieved sets (items colliding in some table),
+    from TP, retrieved and relevant counts summed over queries."""
+    return micro_scores(int(tp_total), int(retrieved_total - tp_total), int(relevant_total - tp_total), beta)
+
+
 def micro_counts(H) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Summed TP, FP, FN over all queries of H for every radius 0..B (exact integers)."""
     tp, size, R = retrieved_counts(H)
@@ -75,7 +81,8 @@ def micro_at_radius(H, r, beta: float = 1.0) -> dict:
 def pr_curve_from_counts(TP, FP, FN) -> list[dict]:
     """Micro PR points for every radius at which some query retrieves something."""
     return [
-        {"radius": int(r), "precision": TP[r] / (TP[r] + FP[r]), "recall": TP[r] / (TP[r] + FN[r]) if TP[r] + FN[r] else 0.0}
+        {"radius": int(r), "precision": TP[r] / (TP[r] + FP[r]),
+         "recall": TP[r] / (TP[r] + FN[r]) if TP[r] + FN[r] else 0.0}
         for r in range(len(TP))
         if TP[r] + FP[r] > 0
     ]
@@ -97,11 +104,6 @@ def auprc(curve: list[dict]) -> dict:
     return {"step": math.fsum(step), "trapezoid": math.fsum(trap)}
 
 
-def ball_volume(nbits: int, k: int) -> int:
-    """V_k = sum_{i<=k} C(B, i): codes within distance k, occupied or not."""
-    return sum(comb(nbits, i) for i in range(k + 1))
-
-
 def _as_float(v: int) -> float:
     return float(v) if v.bit_length() <= 1023 else math.inf
 
@@ -115,7 +117,7 @@ def lgap_at_radius(H, max_bucket, r) -> np.ndarray:
     nbits = np.shape(H)[1] - 1
     tp, _, _ = retrieved_counts(H)
     M = np.asarray(max_bucket)[:, : r + 1].astype(np.float64)
-    V = np.array([_as_float(ball_volume(nbits, k)) for k in range(r + 1)])
+    V = np.array([_as_float(v) for v in ball_volumes(nbits, r)])
     with np.errstate(invalid="ignore", divide="ignore"):
         terms = np.where(M > 0, tp[:, : r + 1] / (np.where(M > 0, M, 1.0) * V), 0.0)
     return np.array([math.fsum(row) for row in terms]) / (r + 1)

@@ -13,26 +13,22 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from hashdist.defaults import DEFAULT_BETA, DEFAULT_K, DEFAULT_RADII
 from hashdist.metrics import radius as rad
-from hashdist.metrics import ranking as rk
+from hashdist.metrics.registry import MEASURES, per_query_key
 
 EMPTY_QUERY_RULES = ("exclude", "zero")
-_AT_K = {
-    "precision_at_k": rk.precision_at_k,
-    "recall_at_k": rk.recall_at_k,
-    "ndcg_at_k": rk.ndcg_at_k,
-    "ndcg_structhash_at_k": rk.ndcg_structhash_at_k,
-}
 
 
 @dataclass(frozen=True)
 class MetricParams:
-    """What to compute: cut-offs K, radii r, F-beta's beta and the rule for queries with R = 0."""
+    """What to compute: cut-offs K, radii r, F-beta's beta, the rule for queries with R = 0, hashtable settings."""
 
-    ks: tuple[int, ...] = (10, 100, 1000)
-    radii: tuple[int, ...] = (0, 1, 2)
-    beta: float = 1.0
+    ks: tuple[int, ...] = DEFAULT_K
+    radii: tuple[int, ...] = DEFAULT_RADII
+    beta: float = DEFAULT_BETA
     empty_queries: str = "exclude"
+    hashtables: tuple[str, ...] = ()  # "KxL" settings whose per-query counts the kernels supply
 
     def validate(self, nbits: int) -> None:
         from hashdist.errors import InputError
@@ -52,24 +48,21 @@ class MetricParams:
 
 
 def per_query_metrics(H: np.ndarray, max_bucket: np.ndarray, params: MetricParams) -> dict[str, np.ndarray]:
-    """Every per-query value the report needs, as flat arrays keyed 'metric/K/...'. NaN = undefined."""
+    """Every per-query value of the registry's per-query measures, keyed by ``per_query_key``. NaN = undefined.
+
+    Also the counts that micro measures sum: relevant items, items, and TP and |S_r| per radius.
+    """
     H = np.ascontiguousarray(H, dtype=np.int64)
     tp, size, R = rad.retrieved_counts(H)
     out: dict[str, np.ndarray] = {"relevant": R, "items": size[:, -1], "tp_at_radius": tp, "retrieved_at_radius": size}
-    for policy in rk.POLICIES:
-        out[f"ap/{policy}"] = rk.average_precision(H, policy)
-    for k in params.ks:
-        for norm in rk.AP_AT_K_NORMALISERS:
-            for policy in rk.POLICIES:
-                out[f"ap_at_k/{k}/{norm}/{policy}"] = rk.average_precision_at_k(H, k, norm, policy)
-        for name, fn in _AT_K.items():
-            for policy in rk.POLICIES:
-                out[f"{name}/{k}/{policy}"] = fn(H, k, policy)
-    out["auc"] = rk.roc_auc(H)
-    for r in params.radii:
-        out[f"precision_at_radius/{r}"] = rad.precision_at_radius(H, r)
-        out[f"recall_at_radius/{r}"] = rad.recall_at_radius(H, r)
-        out[f"lgap_at_radius/{r}"] = rad.lgap_at_radius(H, max_bucket, r)
+    for measure in MEASURES:
+        if measure.per_query is None:
+            continue
+        for value in measure.values(params):
+            for variant in measure.variants or (None,):
+                for policy in measure.policies or (None,):
+                    out[per_query_key(measure, value, variant, policy)] = measure.per_query(
+                        H, max_bucket, value, variant, policy)
     return out
 
 
@@ -86,8 +79,15 @@ def _mean(values: np.ndarray, mask: np.ndarray, zero_fill: bool) -> float:
     return math.fsum(v.tolist()) / len(v) if len(v) else math.nan
 
 
-def _policies(pq, prefix, mask, zero):
-    return {p: _mean(pq[f"{prefix}/{p}"], mask, zero) for p in rk.POLICIES}
+def _totals(pq: dict[str, np.ndarray], evaluated: np.ndarray, params: MetricParams) -> dict:
+    """Counts summed over the evaluated queries, for the micro measures."""
+    R = pq["relevant"][evaluated]
+    TP = pq["tp_at_radius"][evaluated].sum(axis=0)
+    retrieved = pq["retrieved_at_radius"][evaluated]
+    hashtable = {s: (int(pq[f"hashtable_tp/{s}"][evaluated].sum()),
+                     int(pq[f"hashtable_retrieved/{s}"][evaluated].sum())) for s in params.hashtables}
+    return {"relevant": int(R.sum()), "tp": TP, "fp": retrieved.sum(axis=0) - TP, "fn": R.sum() - TP,
+            "empty": (retrieved == 0).sum(axis=0), "hashtable": hashtable}
 
 
 def aggregate(pq: dict[str, np.ndarray], params: MetricParams) -> tuple[dict, dict]:
@@ -95,34 +95,29 @@ def aggregate(pq: dict[str, np.ndarray], params: MetricParams) -> tuple[dict, di
     R = pq["relevant"]
     zero = params.empty_queries == "zero"
     evaluated = np.ones(len(R), bool) if zero else R > 0
-    m: dict = {"map": _policies(pq, "ap", evaluated, zero)}
-    m["map_at_k"] = {
-        str(k): {norm: _policies(pq, f"ap_at_k/{k}/{norm}", evaluated, zero) for norm in rk.AP_AT_K_NORMALISERS}
-        for k in params.ks
-    }
-    for name in _AT_K:
-        m[name] = {str(k): _policies(pq, f"{name}/{k}", evaluated, zero) for k in params.ks}
-    has_irrelevant = pq["items"] > R
-    m["auc"] = _mean(pq["auc"], evaluated & has_irrelevant, zero)
-    m["precision_at_radius"] = {str(r): _mean(pq[f"precision_at_radius/{r}"], evaluated, zero) for r in params.radii}
-    m["recall_at_radius"] = {str(r): _mean(pq[f"recall_at_radius/{r}"], evaluated, zero) for r in params.radii}
-    TP = pq["tp_at_radius"][evaluated].sum(axis=0)
-    FP = pq["retrieved_at_radius"][evaluated].sum(axis=0) - TP
-    FN = R[evaluated].sum() - TP
-    m["micro_at_radius"] = {str(r): rad.micro_scores(int(TP[r]), int(FP[r]), int(FN[r]), params.beta) for r in params.radii}
-    m["pr_curve"] = rad.pr_curve_from_counts(TP, FP, FN)
-    m["auprc"] = rad.auprc(m["pr_curve"])
-    m["mlgap_at_radius"] = {str(r): _mean(pq[f"lgap_at_radius/{r}"], evaluated, zero) for r in params.radii}
-    m["hashtable"] = {}
-    for key in sorted(k for k in pq if k.startswith("hashtable_tp/")):
-        setting = key.split("/", 1)[1]  # "KxL": L tables of K-bit substrings, micro over evaluated queries
-        tp = int(pq[key][evaluated].sum())
-        retrieved_items = int(pq[f"hashtable_retrieved/{setting}"][evaluated].sum())
-        m["hashtable"][setting] = rad.micro_scores(tp, retrieved_items - tp, int(R[evaluated].sum()) - tp, params.beta)
-    retrieved = pq["retrieved_at_radius"][evaluated]
-    m["retrieved_nothing_at_radius"] = {str(r): int((retrieved[:, r] == 0).sum()) for r in params.radii}
+    masks = {"evaluated": evaluated, "with_irrelevant": evaluated & (pq["items"] > R)}
+    totals = _totals(pq, evaluated, params)
+    metrics: dict = {}
+    for measure in MEASURES:
+        def value_of(value, variant):
+            if measure.from_totals is not None:
+                return measure.from_totals(totals, value, params.beta)
+            if not measure.policies:
+                return _mean(pq[per_query_key(measure, value, variant)], masks[measure.queries], zero)
+            return {policy: _mean(pq[per_query_key(measure, value, variant, policy)], masks[measure.queries], zero)
+                    for policy in measure.policies}
+
+        def by_variant(value):
+            if not measure.variants:
+                return value_of(value, None)
+            return {variant: value_of(value, variant) for variant in measure.variants}
+
+        if measure.parameter is None:
+            metrics[measure.key] = by_variant(None)
+        else:
+            metrics[measure.key] = {str(value): by_variant(value) for value in measure.values(params)}
     queries = {"total": int(len(R)), "evaluated": int(evaluated.sum()), "without_relevant": int((R == 0).sum())}
-    return m, queries
+    return metrics, queries
 
 
 def compute_metrics(H: np.ndarray, max_bucket: np.ndarray, params: MetricParams) -> tuple[dict, dict]:

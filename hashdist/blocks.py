@@ -1,0 +1,53 @@
+"""Blocks of work: queries x database rows, aligned to the dataset's chunks and keyed on what they read.
+
+Shared by the evaluation engine and the ground-truth sweeps. A block's key is a
+digest of the fingerprints of the rows it reads and of every parameter its result
+depends on, so a cached result can never be stale.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hashdist.errors import InputError
+
+
+@dataclass(frozen=True)
+class Block:
+    """Queries [q0, q1) against database rows [d0, d1); ``key`` is the content key of its result."""
+
+    q0: int
+    q1: int
+    d0: int
+    d1: int
+    key: str
+
+    @property
+    def pairs(self) -> int:
+        return (self.q1 - self.q0) * (self.d1 - self.d0)
+
+
+def block_rows(rows: int | None, chunk: int, default: int, option: str) -> int:
+    """Rows per block: ``rows`` (or ``default``) rounded up to whole chunks; ``option`` names it in errors."""
+    rows = default if rows is None else rows
+    if int(rows) != rows or rows < 1:
+        raise InputError(f"{option} must be a positive integer, got {rows}")
+    return -(-int(rows) // chunk) * chunk
+
+
+def row_ranges(total: int, step: int) -> list[tuple[int, int]]:
+    """[start, stop) ranges of ``step`` rows covering 0..total."""
+    return [(start, min(start + step, total)) for start in range(0, total, step)]
+
+
+def split_by_pairs(blocks, parts: int) -> list[tuple[Block, ...]]:
+    """Consecutive runs of blocks with about equal query-item pairs, at most ``parts`` of them."""
+    blocks = tuple(blocks)
+    total = sum(b.pairs for b in blocks)
+    runs, start, done = [], 0, 0
+    for i, block in enumerate(blocks):
+        done += block.pairs
+        if done * parts >= total * (len(runs) + 1) or i == len(blocks) - 1:
+            runs.append(blocks[start : i + 1])
+            start = i + 1
+    return runs

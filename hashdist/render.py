@@ -1,0 +1,62 @@
+"""Pieces of the self-contained HTML pages (evaluation report, comparison): tables, figures, the page."""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import math
+
+
+def fmt(x, digits: int = 4) -> str:
+    """A number for tables: fixed digits, 'n/a' for undefined (None or NaN)."""
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "n/a"
+    return str(x) if isinstance(x, int) else f"{x:.{digits}f}"
+
+
+def png(fig) -> str:
+    """A matplotlib figure as base64 PNG (embedded in the page, no external files)."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def text_table(caption: str, header: list[str], rows: list[list[str]]) -> str:
+    """An aligned plain-text table under its caption (first column left, the rest right)."""
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
+
+    def line(cells):
+        return "  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+
+    return "\n".join([caption, line(header), *(line(r) for r in rows)])
+
+
+def html_table(caption: str, header: list[str], rows: list[list[str]], table_id: str = "") -> str:
+    ident = f' id="{html.escape(table_id)}"' if table_id else ""
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>" for row in rows)
+    return f"<table{ident}><caption>{html.escape(caption)}</caption><thead><tr>{head}</tr></thead>" \
+           f"<tbody>{body}</tbody></table>"
+
+
+def html_figure(name: str, data: str, caption: str) -> str:
+    """A captioned PNG figure; the caption says what is plotted and the convention behind it."""
+    return (f'<figure id="fig-{html.escape(name)}"><img alt="{html.escape(caption)}" '
+            f'src="data:image/png;base64,{data}"><figcaption>{html.escape(caption)}</figcaption></figure>')
+
+
+_STYLE = (
+    "body{font-family:system-ui,sans-serif;max-width:1150px;margin:auto;padding:0 12px;color:#222}"
+    "table{border-collapse:collapse;margin:10px 0 18px}caption{text-align:left;font-weight:600;padding:4px 0}"
+    "td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px;text-align:right}"
+    "td:first-child,th:first-child{text-align:left}thead th{background:#f2f2f2}"
+    "figure{display:inline-block;vertical-align:top;margin:8px;max-width:520px}"
+    "figcaption{font-size:13px;color:#444;margin-top:4px}img{max-width:100%}"
+)
+
+
+def page(title: str, body: str) -> str:
+    """A complete self-contained HTML document."""
+    return (f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+            f"<style>{_STYLE}</style></head><body>{body}</body></html>")

@@ -51,7 +51,7 @@ def compare(
     if out is not None:
         write_comparison(out, comparison, occupancy, overwrite=overwrite)
     header, rows = leaderboard_rows(comparison)
-    create_table_artifact(table=[dict(zip(header, row)) for row in rows], key="hashdist-comparison",
+    create_table_artifact(table=[dict(zip(header, row, strict=True)) for row in rows], key="hashdist-comparison",
                           description="hashdist leaderboard (methods by expected mAP)")
     return comparison
 

@@ -64,7 +64,8 @@ def _metrics_on_cluster(plan, params, threads: int):
     def map_query_blocks(items):
         groups = [items[i::threads] for i in range(min(threads, len(items)))]
         futures = [metrics_task.submit(plan, params, group) for group in groups]
-        done = {item[0]: part for group, fut in zip(groups, futures) for item, part in zip(group, fut.result())}
+        done = {item[0]: part for group, fut in zip(groups, futures, strict=True)
+                for item, part in zip(group, fut.result(), strict=True)}
         return [done[item[0]] for item in items]
 
     return map_query_blocks

@@ -150,14 +150,17 @@ def _add_execution_options(p):
     p.add_argument("--no-cache", action="store_true", help="compute every block, store nothing")
 
 
-def _cluster_kwargs(a) -> dict:
+def _cluster_kwargs(a) -> dict | None:
+    """--cluster-kwargs as a dict; None when it gives none, so that $HASHDIST_CLUSTER_KWARGS applies."""
+    if not a.cluster_kwargs:
+        return None
     try:
         kwargs = json.loads(a.cluster_kwargs)
     except json.JSONDecodeError as exc:
         raise InputError(f"--cluster-kwargs is not valid JSON: {exc}") from None
     if not isinstance(kwargs, dict):
         raise InputError("--cluster-kwargs must be a JSON object")
-    return kwargs
+    return kwargs or None
 
 
 def _add_evaluate(sub):
@@ -343,9 +346,11 @@ def main(argv=None) -> int:
     # Prefect's INFO lines would drown the table; PREFECT_LOGGING_LEVEL still wins when set
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
     os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "warning")
-    # the ephemeral API takes 10-20 s to start on a loaded 2-core machine; Prefect's default limit is 20 s
-    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
     try:
+        if getattr(args, "engine", None) == "flow":
+            from flows import runtime  # importing it sets hashdist's Prefect defaults before Prefect loads
+
+            runtime.prepare_cli(debug=args.debug)
         message = COMMANDS[args.command][1](args)
     except InputError as exc:
         if args.debug:

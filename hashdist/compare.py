@@ -97,7 +97,7 @@ def _content_digest(ds: Dataset, name: str) -> str:
 def check_same_ground_truth(methods: list[Method], datasets: list[Dataset]) -> None:
     """Refuse datasets whose queries, database size, relevance kind or ground truth differ from the first's."""
     first, ref = methods[0], datasets[0]
-    for method, ds in zip(methods[1:], datasets[1:]):
+    for method, ds in zip(methods[1:], datasets[1:], strict=True):
         what = f"--method {method.name}={method.dataset}: differs from {first.name}"
         for label, a, b in (("queries", ds.n_queries, ref.n_queries), ("database items", ds.n_database, ref.n_database),
                             ("relevance", ds.default_relevance, ref.default_relevance)):
@@ -146,10 +146,10 @@ def build_comparison(methods, datasets, evaluations, *, k, radius, permutations=
     mask = _evaluated_mask(evaluations)
     values = {
         m.name: {metric: np.asarray(ev.per_query[key], float)[mask] for metric, key in _per_query_values(r).items()}
-        for m, ev in zip(methods, evaluations)
+        for m, ev in zip(methods, evaluations, strict=True)
     }
     out_methods, occupancy = {}, {}
-    for i, (m, ds, ev) in enumerate(zip(methods, datasets, evaluations)):
+    for m, ds, ev in zip(methods, datasets, evaluations, strict=True):
         usage = ev.report["code_usage"]
         occupancy[m.name] = np.sort(np.asarray(ev.code_counts))[::-1]
         out_methods[m.name] = {
@@ -175,9 +175,9 @@ def build_comparison(methods, datasets, evaluations, *, k, radius, permutations=
                 "randomization_pvalue": randomization_pvalue(va, vb, permutations, seed),
             })
         for row, adj, t_adj in zip(rows, holm([x["randomization_pvalue"] for x in rows]),
-                                   holm([x["t_pvalue"] for x in rows])):
+                                   holm([x["t_pvalue"] for x in rows]), strict=True):
             row["holm_adjusted"], row["t_holm_adjusted"] = adj, t_adj
-        for (a, b), row in zip(pair_names, rows):
+        for (a, b), row in zip(pair_names, rows, strict=True):
             pairs[f"{a}|{b}"].append(row)
 
     def overlap(a, b):

@@ -111,7 +111,7 @@ def plots(comparison: dict, occupancy: dict) -> dict[str, str]:
     figs["pr_curves"] = fig
 
     groups: dict[str, list] = {}
-    for name, m in methods.items():
+    for m in methods.values():
         groups.setdefault(m["group"], []).append(m)
     lengths = {g: sorted(ms, key=lambda m: m["nbits"]) for g, ms in groups.items()
                if len({m["nbits"] for m in ms}) > 1}

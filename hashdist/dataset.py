@@ -351,7 +351,8 @@ class DatasetWriter:
 
     def _writer(self, name: str, width: int | None, dtype, chunk_rows: int) -> _ArrayWriter:
         if name not in self.writers:
-            self.writers[name] = _ArrayWriter(_create_rows_array(self.group, name, width, dtype, chunk_rows), chunk_rows)
+            array = _create_rows_array(self.group, name, width, dtype, chunk_rows)
+            self.writers[name] = _ArrayWriter(array, chunk_rows)
         return self.writers[name]
 
     def add_codes(self, part: str, words: np.ndarray) -> None:

@@ -482,7 +482,7 @@ def run_local(dataset, *, cache=None, threads: int | None = None, progress=None,
 
         def run_sweep(sweep, merger):
             for block, (result, was_cached) in zip(
-                sweep.blocks, pool.map(lambda b: cached_block(sweep, b, store), sweep.blocks)
+                sweep.blocks, pool.map(lambda b: cached_block(sweep, b, store), sweep.blocks), strict=True
             ):
                 merger.add(block, result)
                 blocks["cached" if was_cached else "computed"] += 1

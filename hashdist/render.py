@@ -24,10 +24,11 @@ def png(fig) -> str:
 
 def text_table(caption: str, header: list[str], rows: list[list[str]]) -> str:
     """An aligned plain-text table under its caption (first column left, the rest right)."""
-    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows, strict=True)]
 
     def line(cells):
-        return "  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+        pairs = enumerate(zip(cells, widths, strict=True))
+        return "  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w) for i, (c, w) in pairs)
 
     return "\n".join([caption, line(header), *(line(r) for r in rows)])
 

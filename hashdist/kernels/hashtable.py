@@ -47,24 +47,24 @@ def _bits(row, start, length):
 
 @njit(nogil=True)
 def _substrings(codes, k_bits, n_tables):
-    """keys[i, l, p]: the p-th 64-bit piece of substring l of code i."""
+    """keys[i, t, p]: the p-th 64-bit piece of substring (table) t of code i."""
     pieces = (k_bits + 63) // 64
     keys = np.empty((codes.shape[0], n_tables, pieces), dtype=np.uint64)
     for i in range(codes.shape[0]):
-        for l in range(n_tables):
+        for table in range(n_tables):
             for p in range(pieces):
-                start = l * k_bits + p * 64
-                keys[i, l, p] = _bits(codes[i], start, min(64, l * k_bits + k_bits - start))
+                start = table * k_bits + p * 64
+                keys[i, table, p] = _bits(codes[i], start, min(64, table * k_bits + k_bits - start))
     return keys
 
 
 @njit(nogil=True, inline="always")
 def _collide(a, b):
     """True iff the substring keys a, b (L, P) agree in some table."""
-    for l in range(a.shape[0]):
+    for table in range(a.shape[0]):
         same = True
         for p in range(a.shape[1]):
-            if a[l, p] != b[l, p]:
+            if a[table, p] != b[table, p]:
                 same = False
                 break
         if same:

@@ -100,7 +100,7 @@ def auprc(curve: list[dict]) -> dict:
         return {"step": 0.0, "trapezoid": 0.0}
     step = [p["precision"] * (p["recall"] - (curve[i - 1]["recall"] if i else 0.0)) for i, p in enumerate(curve)]
     points = [(0.0, curve[0]["precision"])] + [(p["recall"], p["precision"]) for p in curve]
-    trap = [(x1 - x0) * (y0 + y1) / 2 for (x0, y0), (x1, y1) in zip(points, points[1:])]
+    trap = [(x1 - x0) * (y0 + y1) / 2 for (x0, y0), (x1, y1) in zip(points, points[1:], strict=False)]
     return {"step": math.fsum(step), "trapezoid": math.fsum(trap)}
 
 

@@ -97,25 +97,27 @@ def aggregate(pq: dict[str, np.ndarray], params: MetricParams) -> tuple[dict, di
     evaluated = np.ones(len(R), bool) if zero else R > 0
     masks = {"evaluated": evaluated, "with_irrelevant": evaluated & (pq["items"] > R)}
     totals = _totals(pq, evaluated, params)
+
+    def value_of(measure, value, variant):
+        if measure.from_totals is not None:
+            return measure.from_totals(totals, value, params.beta)
+        mask = masks[measure.queries]
+        if not measure.policies:
+            return _mean(pq[per_query_key(measure, value, variant)], mask, zero)
+        return {policy: _mean(pq[per_query_key(measure, value, variant, policy)], mask, zero)
+                for policy in measure.policies}
+
+    def by_variant(measure, value):
+        if not measure.variants:
+            return value_of(measure, value, None)
+        return {variant: value_of(measure, value, variant) for variant in measure.variants}
+
     metrics: dict = {}
     for measure in MEASURES:
-        def value_of(value, variant):
-            if measure.from_totals is not None:
-                return measure.from_totals(totals, value, params.beta)
-            if not measure.policies:
-                return _mean(pq[per_query_key(measure, value, variant)], masks[measure.queries], zero)
-            return {policy: _mean(pq[per_query_key(measure, value, variant, policy)], masks[measure.queries], zero)
-                    for policy in measure.policies}
-
-        def by_variant(value):
-            if not measure.variants:
-                return value_of(value, None)
-            return {variant: value_of(value, variant) for variant in measure.variants}
-
         if measure.parameter is None:
-            metrics[measure.key] = by_variant(None)
+            metrics[measure.key] = by_variant(measure, None)
         else:
-            metrics[measure.key] = {str(value): by_variant(value) for value in measure.values(params)}
+            metrics[measure.key] = {str(value): by_variant(measure, value) for value in measure.values(params)}
     queries = {"total": int(len(R)), "evaluated": int(evaluated.sum()), "without_relevant": int((R == 0).sum())}
     return metrics, queries
 

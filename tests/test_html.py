@@ -1,0 +1,111 @@
+"""The HTML pages in a real browser: headless Chromium renders report.html and comparison.html.
+
+A copy of each page gets a small probe script (the pages themselves have no script) that records,
+after the load event, how many images decoded and what the tables hold; Chromium's --dump-dom
+returns the DOM with those records. Skipped, saying why, where Chromium is not installed
+(.ci/run installs Debian's chromium package).
+"""
+
+import json
+import re
+import shutil
+import subprocess
+from html.parser import HTMLParser
+
+import pytest
+
+from hashdist.api import evaluate_local
+from hashdist.compare import compare
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         "--virtual-time-budget=10000"]
+PROBE = """<script>
+window.addEventListener('load', () => {
+  const images = [...document.images];
+  const probe = document.createElement('pre');
+  probe.id = 'probe';
+  probe.textContent = JSON.stringify({
+    images: images.length,
+    decoded: images.filter(i => i.complete && i.naturalWidth > 0).length,
+    captions: [...document.querySelectorAll('figure')].map(f => f.querySelector('figcaption')?.textContent || ''),
+    tables: [...document.querySelectorAll('table')].map(t => ({
+      caption: t.caption ? t.caption.textContent : '',
+      header: [...t.querySelectorAll('thead th')].map(c => c.textContent),
+      rows: [...t.querySelectorAll('tbody tr')].map(r => [...r.cells].map(c => c.textContent)),
+    })),
+  });
+  document.body.appendChild(probe);
+});
+</script>"""
+
+pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (apt-get install chromium); "
+                                "the HTML pages were not checked in a browser")
+
+
+class _Probe(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.inside, self.text = False, ""
+
+    def handle_starttag(self, tag, attrs):
+        self.inside = self.inside or dict(attrs).get("id") == "probe"
+
+    def handle_data(self, data):
+        if self.inside:
+            self.text += data
+
+    def handle_endtag(self, tag):
+        if tag == "pre":
+            self.inside = False
+
+
+def rendered(page, tmp_path) -> dict:
+    """What Chromium made of ``page``: image counts, figure captions and the tables' cells."""
+    probed = tmp_path / f"probed-{page.name}"
+    probed.write_text(page.read_text().replace("</body>", PROBE + "</body>"))
+    done = subprocess.run([CHROMIUM, *FLAGS, f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom",
+                           probed.as_uri()], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    parser = _Probe()
+    parser.feed(done.stdout)
+    assert parser.text, "the page did not finish loading in Chromium"
+    return json.loads(parser.text)
+
+
+def _table(view, caption_start):
+    [table] = [t for t in view["tables"] if t["caption"].startswith(caption_start)]
+    return table
+
+
+def test_report_page_in_chromium(multilabel_dataset, tmp_path):
+    ev = evaluate_local(multilabel_dataset, cache=False, k=[5, 50], hashtable=["8x2"])
+    out = ev.write(tmp_path / "report")
+    view = rendered(out / "report.html", tmp_path)
+    assert view["images"] == view["decoded"] == 5
+    assert all(len(caption) > 60 for caption in view["captions"]), view["captions"]  # says what and which convention
+    ranked = _table(view, "Ranking by Hamming distance")
+    assert ranked["header"] == ["metric", "expected", "best", "worst"]
+    rows = {row[0]: row[1:] for row in ranked["rows"]}
+    m = ev.report["metrics"]
+    assert rows["mAP"] == [f"{m['map'][p]:.4f}" for p in ("expected", "best", "worst")]
+    assert rows["mAP@50 (total)"] == [f"{m['map_at_k']['50']['total'][p]:.4f}" for p in ("expected", "best", "worst")]
+    radius = _table(view, "Retrieval within Hamming radius")
+    assert [row[0] for row in radius["rows"]] == ["0", "1", "2"]
+    assert radius["header"][-2:] == ["mLGAP", "empty queries"]
+    assert _table(view, "Hashtable-bucket paradigm")["rows"][0][0] == "8x2"
+    assert "http" not in re.sub(r"data:image/png;base64,[A-Za-z0-9+/=]+", "", (out / "report.html").read_text())
+
+
+def test_comparison_page_in_chromium(class_dataset, tmp_path):
+    out = tmp_path / "cmp"
+    c = compare([f"a={class_dataset}", f"b={class_dataset}"], cache=False, permutations=99, bootstrap=50, out=out)
+    view = rendered(out / "comparison.html", tmp_path)
+    assert view["images"] == view["decoded"] == 3  # PR curves, occupancy, bit balance (no second bit length)
+    assert all(len(caption) > 60 for caption in view["captions"])
+    board = _table(view, "Methods by expected mAP")
+    assert [row[0].split()[0] for row in board["rows"]] == c["ranking"]
+    assert board["header"][:3] == ["method", "bits", "mAP [worst, best]"]
+    assert len(_table(view, "Paired tests")["rows"]) == 2  # ap and lgap for the one pair
+    assert len(_table(view, "How each method's database codes")["rows"]) == 2

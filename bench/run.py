@@ -58,7 +58,7 @@ def bench_kernels(n_db, n_q):
             for threads in (1, 2):
                 parts = np.array_split(np.arange(n_q), threads)
 
-                def run():
+                def run(threads=threads, qc=qc, dc=dc, nbits=nbits, kind=kind, qr=qr, dr=dr, parts=parts):
                     with ThreadPoolExecutor(threads) as pool:
                         list(pool.map(lambda p: histogram_block(qc[p], dc, nbits, kind, qr[p], dr, max_grade=8), parts))
 
@@ -303,7 +303,8 @@ _CATEGORIES = (
 def bench_profile(work: Path, data: Path) -> dict:
     """py-spy over a cold `hashdist evaluate` (flow): CPU seconds per category, all threads, waits left out."""
     raw = work / "profile.txt"
-    cmd = [str(BIN / "py-spy"), "record", "--nonblocking", "--rate", "200", "--format", "raw", "--output", str(raw), "--",
+    cmd = [str(BIN / "py-spy"), "record", "--nonblocking", "--rate", "200", "--format", "raw", "--output", str(raw),
+           "--",
            str(BIN / "hashdist"), "evaluate", str(data), "--out", str(work / "profile-report"), "--no-cache",
            "--quiet", "--overwrite"]
     out = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PREFECT_LOGGING_LEVEL": "WARNING"})
@@ -347,7 +348,8 @@ def markdown(results) -> str:
         if "error" in r:
             lines.append(f"| {r['engine']} | - | - | - | {r['error']} |")
         else:
-            lines.append(f"| {r['engine']} | {r['nbits']} | {r['relevance']} | {r['threads']} | {r['pairs_per_s']:.3g} |")
+            lines.append(f"| {r['engine']} | {r['nbits']} | {r['relevance']} | {r['threads']} "
+                         f"| {r['pairs_per_s']:.3g} |")
     lines += ["", "## End to end, Flickr-1M-like preset", "",
               "| run | wall s | startup | compute | reduce | metrics | write | pairs/s | peak RSS MiB |",
               "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
@@ -358,8 +360,10 @@ def markdown(results) -> str:
     warm = [r for r in results["end_to_end"] if "overhead" in r]
     if warm:
         o = warm[0]["overhead"]
-        lines += ["", f"Warm, {o['threads']} threads, best of 2: bare kernel over the plan's blocks {o['kernel_s']:.2f} s; "
-                  f"the same work in-process (local engine: blocks, code counts, M_k, metrics) {o['local_work_s']:.2f} s; "
+        lines += ["", f"Warm, {o['threads']} threads, best of 2: bare kernel over the plan's blocks "
+                  f"{o['kernel_s']:.2f} s; "
+                  f"the same work in-process (local engine: blocks, code counts, M_k, metrics) "
+                  f"{o['local_work_s']:.2f} s; "
                   f"through Prefect + Dask {o['flow_work_s']:.2f} s. Prefect + Dask overhead "
                   f"{100 * o['prefect_dask_over_kernel']:.0f}% of the bare kernel time; everything beyond the kernel "
                   f"{100 * o['flow_over_kernel']:.0f}%."]
@@ -384,7 +388,8 @@ def markdown(results) -> str:
         for name, secs in prof["categories"].items():
             lines.append(f"| {name} | {secs:.2f} | {100 * secs / prof['cpu_seconds']:.0f}% |")
     lines += ["", "## Scaling (local engine, new process each)", "",
-              "| N | Q | process s | compute s | compute pairs/s | peak RSS MiB |", "| --- | --- | --- | --- | --- | --- |"]
+              "| N | Q | process s | compute s | compute pairs/s | peak RSS MiB |",
+              "| --- | --- | --- | --- | --- | --- |"]
     for r in results["scaling"]:
         lines.append(f"| {r['n_database']} | {r['n_queries']} | {r['process_s']:.1f} | {r['compute_s']:.1f} | "
                      f"{r['pairs_per_s_compute']:.3g} | {r['peak_rss_mib']:.0f} |")

@@ -69,7 +69,7 @@ def expand_histogram(Hq):
 def histogram_from_items(dist, grade, nbits, ngrades):
     """Count items into H[d, g] (shape (nbits+1, ngrades)) one by one."""
     H = np.zeros((nbits + 1, ngrades), dtype=np.int64)
-    for d, g in zip(np.asarray(dist).tolist(), np.asarray(grade).tolist()):
+    for d, g in zip(np.asarray(dist).tolist(), np.asarray(grade).tolist(), strict=True):
         H[d, g] += 1
     return H
 
@@ -129,7 +129,7 @@ def histograms_bruteforce(dist_matrix, grade_matrix, nbits, ngrades):
 def tie_groups(dist, grade):
     """[(d, [grades of the items at distance d]), ...] by ascending d."""
     groups: dict[int, list[int]] = {}
-    for d, g in zip(np.asarray(dist).tolist(), np.asarray(grade).tolist()):
+    for d, g in zip(np.asarray(dist).tolist(), np.asarray(grade).tolist(), strict=True):
         groups.setdefault(int(d), []).append(int(g))
     return [(d, sorted(groups[d])) for d in sorted(groups)]
 
@@ -465,8 +465,8 @@ def roc_auc_items(dist, grade):
     """Fraction of (relevant, irrelevant) pairs with the relevant item strictly closer; ties count 1/2."""
     dist = np.asarray(dist).tolist()
     grade = np.asarray(grade).tolist()
-    rel = [d for d, g in zip(dist, grade) if g >= 1]
-    irr = [d for d, g in zip(dist, grade) if g < 1]
+    rel = [d for d, g in zip(dist, grade, strict=True) if g >= 1]
+    irr = [d for d, g in zip(dist, grade, strict=True) if g < 1]
     if not rel or not irr:
         return None
     s = Fraction(0)
@@ -487,7 +487,7 @@ def roc_auc_items(dist, grade):
 def radius_counts(dist, grade, r):
     """(TP_r, |S_r|, R) by direct counting."""
     tp = size = R = 0
-    for d, g in zip(np.asarray(dist).tolist(), np.asarray(grade).tolist()):
+    for d, g in zip(np.asarray(dist).tolist(), np.asarray(grade).tolist(), strict=True):
         inside = d <= r
         relevant = g >= 1
         size += inside
@@ -579,7 +579,7 @@ def max_bucket_bruteforce(qbits, dbbits, radius):
     for q in range(qbits.shape[0]):
         qrow = qbits[q].tolist()
         for code, c in counts.items():
-            d = sum(1 for a, b in zip(qrow, code) if a != b)
+            d = sum(1 for a, b in zip(qrow, code, strict=True) if a != b)
             for k in range(d, radius + 1):
                 out[q, k] = max(out[q, k], c)
     return out

@@ -87,7 +87,8 @@ def test_ingest_missing_file_and_existing_output(tmp_path, capsys, files):
 def test_ingest_bad_explicit_ground_truth(tmp_path, capsys, files):
     np.savez(tmp_path / "rel.npz", indptr=np.array([0, 3, 2] + [3] * 8), indices=np.array([1, 2, 3]))
     out = tmp_path / "out.zarr"
-    args = _ingest(files, out, **{"--db-labels": None, "--query-labels": None, "--query-relevant": tmp_path / "rel.npz"})
+    args = _ingest(files, out,
+                   **{"--db-labels": None, "--query-labels": None, "--query-relevant": tmp_path / "rel.npz"})
     assert_refused(capsys, args, "not monotone", out)
     np.savez(tmp_path / "rel.npz", indptr=np.array([0, 1] + [1] * 9), indices=np.array([500]))
     assert_refused(capsys, args, "out of range", out)

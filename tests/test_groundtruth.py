@@ -56,7 +56,8 @@ def feature_inputs(directory, *, n_db=600, n_q=40, dim=6, integer=True, dtype=np
     db[15:30] = db[:15]  # duplicate database points
     q[:5] = db[:5]  # queries that are database points
     paths = {}
-    arrays = {"db": rng.integers(0, 2, (n_db, 16)).astype(np.uint8), "q": rng.integers(0, 2, (n_q, 16)).astype(np.uint8),
+    arrays = {"db": rng.integers(0, 2, (n_db, 16)).astype(np.uint8),
+              "q": rng.integers(0, 2, (n_q, 16)).astype(np.uint8),
               "df": db, "qf": q}
     if labels is not None:
         arrays.update(dbl=labels[0], ql=labels[1])

@@ -12,8 +12,8 @@ from hashdist.metrics.radius import hashtable_metrics
 def _brute_retrieved(q_bits, db_bits, k_bits, n_tables):
     """(Q, N) bool: some substring [l*K, (l+1)*K) of the item equals the query's."""
     hit = np.zeros((len(q_bits), len(db_bits)), bool)
-    for l in range(n_tables):
-        s = slice(l * k_bits, (l + 1) * k_bits)
+    for table in range(n_tables):
+        s = slice(table * k_bits, (table + 1) * k_bits)
         hit |= (q_bits[:, None, s] == db_bits[None, :, s]).all(-1)
     return hit
 

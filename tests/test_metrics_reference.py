@@ -456,7 +456,7 @@ def test_pr_curve_and_auprc(H):
     got_curve = pr_curve(H)
     total_relevant = sum(int((g >= 1).sum()) for _, g in per_query)
     assert [pt["radius"] for pt in got_curve] == [pt["radius"] for pt in want_curve]
-    for g, w in zip(got_curve, want_curve):
+    for g, w in zip(got_curve, want_curve, strict=True):
         assert close(g["precision"], ref.to_float(w["precision"]))
         if total_relevant:
             assert close(g["recall"], ref.to_float(w["recall"]))
@@ -661,7 +661,7 @@ def test_histogram_block_bruteforce_and_chunk_invariance(data, split_seed):
     N = dbbits.shape[0]
     cuts = sorted(set(rng.integers(0, N + 1, size=int(rng.integers(0, 4))).tolist()) | {0, N})
     total = np.zeros_like(one)
-    for lo, hi in zip(cuts[:-1], cuts[1:]):
+    for lo, hi in zip(cuts[:-1], cuts[1:], strict=True):
         if kind == "class":
             part_args = (args[0], args[1][lo:hi])
         elif kind == "multilabel":

@@ -7,8 +7,8 @@ import pytest
 
 from hashdist.api import evaluate_local
 from hashdist.bits import unpack_bits
-from hashdist.dataset import open_dataset
 from hashdist.blocks import Block, split_by_pairs
+from hashdist.dataset import open_dataset
 from hashdist.engine import compute_histogram, make_plan
 from hashdist.ingest import append, ingest
 from tests.conftest import write_inputs
@@ -80,7 +80,8 @@ def test_rerun_computes_nothing_and_corrupt_cache_entries_are_recomputed(class_d
     first = evaluate_local(class_dataset, cache=cache, query_block_rows=16, db_block_rows=1000)
     assert first.report["blocks"]["computed"] == first.report["blocks"]["total"] > 1
     again = evaluate_local(class_dataset, cache=cache, query_block_rows=16, db_block_rows=1000)
-    assert again.report["blocks"]["computed"] == 0 and again.report["blocks"]["cached"] == first.report["blocks"]["total"]
+    assert (again.report["blocks"]["computed"] == 0
+            and again.report["blocks"]["cached"] == first.report["blocks"]["total"])
     assert _metrics(first) == _metrics(again)
     victim = sorted(cache.rglob("*.npz"))[0]
     data = bytearray(victim.read_bytes())
@@ -159,8 +160,8 @@ def test_hashtable_paradigm_and_code_usage_in_the_report(class_dataset):
     ql, dl = ds.labels("queries", 0, ds.n_queries), ds.labels("database", 0, ds.n_database)
     R = (ql[:, None] == dl[None, :]).sum(axis=1)
     evaluated = R > 0
-    for setting, (k, l) in (("4x3", (4, 3)), ("6x2", (6, 2))):
-        tp, retrieved = hashtable_counts(qc, dc, ds.nbits, k, l, ql, dl, "class")
+    for setting, (k, tables) in (("4x3", (4, 3)), ("6x2", (6, 2))):
+        tp, retrieved = hashtable_counts(qc, dc, ds.nbits, k, tables, ql, dl, "class")
         expected = micro_scores(int(tp[evaluated].sum()), int((retrieved - tp)[evaluated].sum()),
                                 int((R - tp)[evaluated].sum()), 1.0)
         assert ev.report["metrics"]["hashtable"][setting] == expected

@@ -189,7 +189,7 @@ def test_ball_volume_and_hamming():
     D = ref.hamming_bruteforce(q, d)
     for i in range(3):
         for j in range(5):
-            assert D[i, j] == sum(int(a != b) for a, b in zip(q[i], d[j]))
+            assert D[i, j] == sum(int(a != b) for a, b in zip(q[i], d[j], strict=True))
 
 
 def test_histogram_roundtrip():

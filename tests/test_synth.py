@@ -122,7 +122,7 @@ def test_full_collision_gives_one_code_per_centre(tmp_path, labels):
     assert len(uniq) == n_centres
     if labels == "class":
         # a bijection between classes and codes
-        assert len(set(zip(labs.tolist(), inverse.tolist()))) == n_centres
+        assert len(set(zip(labs.tolist(), inverse.tolist(), strict=True))) == n_centres
     else:
         # items sharing a code all carry the concept whose centre that code is
         hot = unpack_bits(labs, 12).astype(bool)

@@ -25,7 +25,7 @@ Exact, tie-aware evaluation of binary hash codes for retrieval.
 
 Every order-dependent metric is reported for the three tie policies (expected
 over all orders of items at equal Hamming distance, best, worst). See README.md
-and the metric specification for definitions.
+and docs/metrics.md (the metric definitions).
 """
 
 

@@ -1,4 +1,4 @@
-"""How a method uses its code space (spec section 4; the mLGAP paper's Fig. 1 and 8).
+"""How a method uses its code space (docs/metrics.md, section 4; the mLGAP paper's Fig. 1 and 8).
 
 From the database's distinct-code counts (items per code, as the engine merges them)
 and the per-bit counts of set bits: the number of distinct codes, the largest bucket,

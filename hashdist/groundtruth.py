@@ -1,4 +1,4 @@
-"""Ground truth from real-valued features: epsilon-ball and top-percent neighbours (spec section 5).
+"""Ground truth from real-valued features: epsilon-ball and top-percent neighbours (docs/metrics.md, section 5).
 
 Conventions:
 

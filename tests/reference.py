@@ -1,6 +1,6 @@
 """Independent, item-level, brute-force reference for hashdist's retrieval metrics.
 
-Everything here follows the textbook definitions in /work/shared/spec/metrics.md
+Everything here follows the textbook definitions in docs/metrics.md
 (sections 2 and 4) at the level of individual database items and explicit ranked
 lists. It deliberately does NOT use any of the spec's closed forms (harmonic
 numbers, hypergeometric conditioning, T(N, n), E[DCG] formulas, ...) and never
@@ -11,7 +11,7 @@ distance of each database item to the query) and ``grade`` (relevance grade of e
 item, 0 = irrelevant, >= 1 = relevant). :func:`expand_histogram` turns a histogram
 row ``H[q]`` (shape (B+1, G+1)) into such arrays.
 
-Tie policies (spec section 2), for a metric evaluated on an explicit ranked list:
+Tie policies (docs/metrics.md, section 2), for a metric evaluated on an explicit ranked list:
 
 * ``best`` / ``worst``: the explicit list sorted by distance ascending, then grade
   descending / ascending (:func:`ranked_list`).

@@ -1,4 +1,4 @@
-"""The hashtable-bucket paradigm (spec section 4; the thesis, section 3.4.2).
+"""The hashtable-bucket paradigm (docs/metrics.md, section 4; the thesis, section 3.4.2).
 
 The code is cut into L contiguous substrings of K bits, substring l being bits
 [l*K, (l+1)*K) (L*K <= B; a substring may cross a 64-bit word boundary). Each

@@ -1,4 +1,4 @@
-"""Metrics as pure functions of Hamming histograms ``H[q, d, g]`` (see the spec, section 4)."""
+"""Metrics as pure functions of Hamming histograms ``H[q, d, g]`` (docs/metrics.md, section 4)."""
 
 from hashdist.metrics.radius import (
     auprc,

@@ -1,4 +1,4 @@
-"""Stable harmonic-number differences for the tie-aware closed forms (spec section 7).
+"""Stable harmonic-number differences for the tie-aware closed forms (docs/metrics.md, section 7).
 
 ``harmonic_diff(a, b) = H_b - H_a = sum_{i=a+1..b} 1/i`` and
 ``tie_sum(N, n) = sum_{j=1..n} (j-1)/(N+j) = n - (N+1) * harmonic_diff(N, N+n)``.

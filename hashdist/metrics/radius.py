@@ -1,4 +1,4 @@
-"""Hamming-radius retrieval: the set S_r = {j : d(q, j) <= r} (spec section 4).
+"""Hamming-radius retrieval: the set S_r = {j : d(q, j) <= r} (docs/metrics.md, section 4).
 
 Macro precision/recall are per query; micro precision/recall/F-beta, the PR curve
 and AUPRC sum TP, FP and FN over queries first (the thesis's eq. 3.8-3.10).

@@ -1,11 +1,14 @@
-"""Order-dependent metrics of the Hamming ranking, exact under ties (spec sections 2 and 4).
+"""Order-dependent metrics of the Hamming ranking, exact under ties (docs/metrics.md, sections 2 and 4).
 
 Every function takes the histogram ``H[q, d, g]`` (Q, B+1, G+1) and returns one
 value per query, NaN where the query has nothing to measure (no relevant item,
 or for AUC no irrelevant one). ``policy`` is how items tied at one distance are
 ordered: ``expected`` (the exact mean over all orders), ``best`` (higher grade
-first) or ``worst`` (higher grade last). Grade >= 1 is relevant; NDCG's gain is
-``2^g - 1``.
+first) or ``worst`` (higher grade last). Those two orders are the extremes over
+tie orders for every metric here except AP@K with the ``retrieved`` normaliser,
+whose true bounds (docs/metrics.md, section 4) are not implemented yet: its
+``best``/``worst`` are still the grade-first/grade-last values. Grade >= 1 is
+relevant; NDCG's gain is ``2^g - 1``.
 """
 
 from __future__ import annotations
@@ -190,7 +193,7 @@ def _ap_at_k(n, r, K, normaliser, policy, out):
 
 
 def average_precision_at_k(H, k, normaliser: str = "retrieved", policy: str = "expected") -> np.ndarray:
-    """AP@K: precisions at relevant items in the top K over the chosen normaliser (spec section 4).
+    """AP@K: precisions at relevant items in the top K over the chosen normaliser (docs/metrics.md, section 4).
 
     ``retrieved``: relevant items in the top K (0 when none); ``min_k_r``: min(K, R);
     ``total``: R. NaN where the query has no relevant item.

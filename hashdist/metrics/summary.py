@@ -1,7 +1,7 @@
 """From histograms to the report: per-query values, then means over the evaluated query set.
 
 ``per_query_metrics`` works on any block of queries, so blocks can be processed
-apart and concatenated; ``aggregate`` applies the query-set rule (spec section 3)
+apart and concatenated; ``aggregate`` applies the query-set rule (docs/metrics.md, section 3)
 and averages with ``math.fsum``, so the result is bit-identical however the
 queries were blocked.
 """

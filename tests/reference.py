@@ -324,11 +324,28 @@ def to_float(x):
 # ----------------------------------------------------------------------------
 
 
+def grade_ordered_exact(metric, dist, grade, policy, **kw):
+    """The metric of the grade-first (best) or grade-last (worst) order inside each tie group.
+
+    The spec (section 2) says these are the extremes over tie orders for every metric except
+    AP@K 'retrieved'; tests check that claim against :func:`policy_exact` by enumeration.
+    """
+    return LIST_METRICS[metric](ranked_list(dist, grade, policy), **kw)
+
+
+def grade_ordered_value(metric, dist, grade, policy, **kw):
+    return to_float(grade_ordered_exact(metric, dist, grade, policy, **kw))
+
+
 def policy_exact(metric, dist, grade, policy, **kw):
-    """Exact value of a LIST_METRICS metric under a tie policy (expected by full enumeration)."""
+    """Exact value of a LIST_METRICS metric under a tie policy, by enumerating every arrangement of the
+    tie groups: best / worst are the largest / smallest value, expected the mean."""
     fn = LIST_METRICS[metric]
     if policy in ("best", "worst"):
-        return fn(ranked_list(dist, grade, policy), **kw)
+        values = [fn(gr, **kw) for _, gr in arrangements(dist, grade)]
+        if values[0] is None:
+            return None
+        return max(values) if policy == "best" else min(values)
     if policy != "expected":
         raise ValueError(policy)
     total = None

@@ -113,8 +113,8 @@ def test_matrix_metrics_equal_list_metrics():
                     assert _same(a, b), (metric, kw, gr)
 
 
-def test_best_worst_bracket_every_arrangement():
-    """best >= every arrangement >= worst for the order-monotone metrics (and so for expected)."""
+def test_grade_orders_bracket_every_arrangement():
+    """The grade-first / grade-last orders bound every arrangement for every metric but AP@K 'retrieved'."""
     rng = np.random.default_rng(3)
     for _ in range(80):
         dist, grade = _random_items(rng)
@@ -122,8 +122,10 @@ def test_best_worst_bracket_every_arrangement():
         for metric in RANKING:
             for normaliser in ("min_k_r", "total") if metric == "ap_at_k" else ("total",):
                 kw = _kwargs(metric, k, normaliser)
-                best = ref.policy_value(metric, dist, grade, "best", **kw)
-                worst = ref.policy_value(metric, dist, grade, "worst", **kw)
+                best = ref.grade_ordered_value(metric, dist, grade, "best", **kw)
+                worst = ref.grade_ordered_value(metric, dist, grade, "worst", **kw)
+                assert best == ref.policy_value(metric, dist, grade, "best", **kw) or math.isnan(best)
+                assert worst == ref.policy_value(metric, dist, grade, "worst", **kw) or math.isnan(worst)
                 if math.isnan(best):
                     continue
                 for _, gr in ref.arrangements(dist, grade):
@@ -209,13 +211,18 @@ def test_auprc_by_hand():
 
 
 def test_retrieved_normaliser_counterexample_at_reference_level():
-    """The documented finding: AP@K('retrieved') is not bracketed by worst/best."""
+    """AP@K('retrieved'): the grade orders are not its extremes (spec section 2); enumeration finds them."""
     dist = np.array([0, 1, 2, 2])
     grade = np.array([1, 0, 1, 0])
     kw = dict(k=3, normaliser="retrieved")
-    assert ref.policy_exact("ap_at_k", dist, grade, "best", **kw) == Fraction(5, 6)
-    assert ref.policy_exact("ap_at_k", dist, grade, "worst", **kw) == 1
+    assert ref.grade_ordered_exact("ap_at_k", dist, grade, "best", **kw) == Fraction(5, 6)
+    assert ref.grade_ordered_exact("ap_at_k", dist, grade, "worst", **kw) == 1
+    assert ref.policy_exact("ap_at_k", dist, grade, "best", **kw) == 1
+    assert ref.policy_exact("ap_at_k", dist, grade, "worst", **kw) == Fraction(5, 6)
     assert ref.policy_exact("ap_at_k", dist, grade, "expected", **kw) == Fraction(11, 12)
+    spec_example = (np.array([0] + [1] * 8 + [2] * 5), np.array([1] + [0] * 8 + [1] + [0] * 4))  # section 4
+    assert [ref.policy_exact("ap_at_k", *spec_example, p, k=10, normaliser="retrieved")
+            for p in ("best", "worst", "expected")] == [1, Fraction(3, 5), Fraction(23, 25)]
 
 
 @pytest.mark.parametrize("nbits", [1, 63, 64, 65, 130])

@@ -4,11 +4,10 @@ Every function takes the histogram ``H[q, d, g]`` (Q, B+1, G+1) and returns one
 value per query, NaN where the query has nothing to measure (no relevant item,
 or for AUC no irrelevant one). ``policy`` is how items tied at one distance are
 ordered: ``expected`` (the exact mean over all orders), ``best`` (higher grade
-first) or ``worst`` (higher grade last). Those two orders are the extremes over
-tie orders for every metric here except AP@K with the ``retrieved`` normaliser,
-whose true bounds (docs/metrics.md, section 4) are not implemented yet: its
-``best``/``worst`` are still the grade-first/grade-last values. Grade >= 1 is
-relevant; NDCG's gain is ``2^g - 1``.
+first) or ``worst`` (higher grade last): the largest and smallest value over all
+tie orders. For AP@K with the ``retrieved`` normaliser those two orders are not
+the extremes, and its bounds are found as docs/metrics.md section 4 says. Grade
+>= 1 is relevant; NDCG's gain is ``2^g - 1``.
 """
 
 from __future__ import annotations
@@ -161,6 +160,22 @@ def _hypergeometric_mean(N, n, r, Rp, m, S):
 
 
 @njit(nogil=True, cache=True)
+def _retrieved_extreme(policy, N, n, r, Rp, m, S):
+    """Largest (best) or smallest (worst) AP@K 'retrieved' over the tie orders (docs/metrics.md, section 4).
+
+    For x relevant items in the m boundary slots the normaliser Rp + x is fixed, so the value is
+    extreme with the earlier groups' relevant items first (best, S) or last (worst, S) and the x
+    boundary items in the first (best) or last (worst) x slots; then the max or min over feasible x.
+    """
+    lo, hi = max(0, m - (n - r)), min(r, m)
+    extreme = -1.0 if policy == _BEST else 2.0
+    for x in range(lo, hi + 1):
+        value = (S + _group_precision_sum(policy, N, m, x, Rp, m)) / (Rp + x) if Rp + x > 0 else 0.0
+        extreme = max(extreme, value) if policy == _BEST else min(extreme, value)
+    return extreme
+
+
+@njit(nogil=True, cache=True)
 def _ap_at_k(n, r, K, normaliser, policy, out):
     for q in range(n.shape[0]):
         R = r[q].sum()
@@ -179,8 +194,11 @@ def _ap_at_k(n, r, K, normaliser, policy, out):
         if b < 0:
             out[q] = S / R
             continue
-        if normaliser == _RETRIEVED and policy == _EXPECTED:
-            out[q] = _hypergeometric_mean(Nb, n[q, b], r[q, b], Rp, m, S)
+        if normaliser == _RETRIEVED:
+            if policy == _EXPECTED:
+                out[q] = _hypergeometric_mean(Nb, n[q, b], r[q, b], Rp, m, S)
+            else:
+                out[q] = _retrieved_extreme(policy, Nb, n[q, b], r[q, b], Rp, m, S)
             continue
         S += _group_precision_sum(policy, Nb, n[q, b], r[q, b], Rp, m)
         if normaliser == _RETRIEVED:

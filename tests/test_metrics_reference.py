@@ -334,10 +334,10 @@ def test_ap_at_k_retrieved_bounds_are_the_extremes_over_tie_orders():
     """AP@K 'retrieved' (spec sections 2 and 4): putting the boundary group's relevant item first
     retrieves one more relevant item at a low precision and lowers AP@K, so best = 1 (it falls after
     the cut), worst = (1 + 2/3)/2 = 5/6, expected = 11/12; and the spec's example gives 1, 0.6, 0.92."""
-    H, k = _retrieved_counterexample()
+    H, cut = _retrieved_counterexample()
     spec = np.zeros((1, 3, 2), dtype=np.int64)
     spec[0, 0], spec[0, 1], spec[0, 2] = [0, 1], [8, 0], [4, 1]
-    for hist, k, want in ((H, k, {"best": 1.0, "worst": 5 / 6, "expected": 11 / 12}),
+    for hist, k, want in ((H, cut, {"best": 1.0, "worst": 5 / 6, "expected": 11 / 12}),
                           (spec, 10, {"best": 1.0, "worst": 0.6, "expected": 0.92})):
         for policy, value in want.items():
             got = average_precision_at_k(hist, k, normaliser="retrieved", policy=policy)[0]

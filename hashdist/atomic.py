@@ -13,7 +13,7 @@ import shutil
 import threading
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 from hashdist.errors import InputError
@@ -69,13 +69,14 @@ def exclusive(target) -> Iterator[None]:
 
 
 @contextmanager
-def staged_directory(final) -> Iterator[Path]:
+def staged_directory(final, *, lock: bool = True) -> Iterator[Path]:
     """Lock ``final``, yield a fresh temporary sibling to build it in, then rename it into place.
 
-    If the body raises, the temporary directory is removed and ``final`` is untouched.
+    If the body raises, the temporary directory is removed and ``final`` is untouched. ``lock=False``
+    for a directory inside an output whose lock the caller holds (a dataset's ground truth).
     """
     final = Path(final)
-    with exclusive(final):
+    with exclusive(final) if lock else nullcontext():
         final.parent.mkdir(parents=True, exist_ok=True)
         tmp = temporary_sibling(final)
         tmp.mkdir()

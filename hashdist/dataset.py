@@ -34,7 +34,7 @@ import numpy as np
 import zarr
 from zarr.codecs import Crc32cCodec, ZstdCodec
 
-from hashdist.atomic import exclusive, replace_directory, staged_directory, temporary_sibling
+from hashdist.atomic import exclusive, staged_directory
 from hashdist.bits import n_words
 from hashdist.errors import InputError
 
@@ -487,17 +487,12 @@ def replace_relevant(url, indptr: np.ndarray, indices: np.ndarray, attrs: dict) 
     final = _local_path(ds.url) / "queries" / "relevant"
     fingerprints = {k: v for k, v in ds.attrs()["fingerprints"].items() if k not in CSR}
     with exclusive(_local_path(ds.url)):
-        tmp = temporary_sibling(final)
-        group = zarr.open_group(store=str(tmp), mode="w")
-        try:
+        with staged_directory(final, lock=False) as tmp:
+            group = zarr.open_group(store=str(tmp), mode="w")
             for name, values, rows in ((CSR[0], indptr, ds.chunk_rows("queries")), (CSR[1], indices, CSR_CHUNK)):
                 writer = _ArrayWriter(_create_rows_array(group, name.rsplit("/", 1)[1], None, np.int64, rows), rows)
                 writer.append(values)
                 fingerprints[name] = writer.close().to_json()
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        replace_directory(tmp, final)
         root = zarr.open_group(store=ds.url, mode="r+")
         root.attrs.update({**attrs, "fingerprints": dict(sorted(fingerprints.items()))})
     return open_dataset(ds.url)

@@ -181,7 +181,7 @@ with ThreadPoolExecutor(threads) as pool:
     for _ in range(3):
         t = time.perf_counter()
         list(pool.map(lambda a: histogram_block(a[0], a[1], ds.nbits, plan.relevance, a[2], a[3],
-                                                max_grade=plan.max_grade), blocks))
+                                                max_grade=plan.largest_grade), blocks))
         kernel_s.append(time.perf_counter() - t)
 best_flow = min(flow, key=lambda r: work(r["timing"]))
 print(json.dumps({"timing": best_flow["timing"], "throughput": best_flow["throughput"],

@@ -28,7 +28,7 @@ from prefect.futures import as_completed
 from flows.runtime import TASK_OPTIONS, cluster_threads, progress_bar, task_runner
 from hashdist.api import Evaluation, build_report, prepare
 from hashdist.cache import resolve_cache
-from hashdist.defaults import DEFAULT_BETA, DEFAULT_K, DEFAULT_MAX_GRADE, DEFAULT_RADII
+from hashdist.defaults import DEFAULT_BETA, DEFAULT_K, DEFAULT_RADII
 from hashdist.engine import Partials, finish, query_block_metrics, run_blocks, work_shares
 from hashdist.metrics.registry import headline_rows
 
@@ -80,7 +80,7 @@ def evaluate(
     beta: float = DEFAULT_BETA,
     empty_queries: str = "exclude",
     relevance: str | None = None,
-    max_grade: int = DEFAULT_MAX_GRADE,
+    max_grade: int | None = None,
     query_block_rows: int | None = None,
     db_block_rows: int | None = None,
     hashtable: list[str] = (),

@@ -10,7 +10,7 @@ import numpy as np
 
 from hashdist.cache import resolve_cache
 from hashdist.dataset import Dataset, open_dataset
-from hashdist.defaults import DEFAULT_BETA, DEFAULT_K, DEFAULT_MAX_GRADE, DEFAULT_RADII
+from hashdist.defaults import DEFAULT_BETA, DEFAULT_K, DEFAULT_RADII
 from hashdist.engine import Plan, RunResult, make_plan, run_local
 from hashdist.kernels.hashtable import parse_hashtable_spec
 from hashdist.metrics.summary import MetricParams
@@ -25,7 +25,7 @@ def prepare(
     beta: float = DEFAULT_BETA,
     empty_queries: str = "exclude",
     relevance: str | None = None,
-    max_grade: int = DEFAULT_MAX_GRADE,
+    max_grade: int | None = None,
     query_block_rows: int | None = None,
     db_block_rows: int | None = None,
     hashtable=(),
@@ -34,12 +34,11 @@ def prepare(
     ds = open_dataset(dataset)
     hashtables = tuple(parse_hashtable_spec(spec, ds.nbits) for spec in hashtable)
     settings = tuple(f"{bits}x{tables}" for bits, tables in hashtables)
-    params = MetricParams(tuple(k), tuple(radius), float(beta), empty_queries, settings)
+    params = MetricParams(tuple(k), tuple(radius), float(beta), empty_queries, settings, max_grade)
     params.validate(ds.nbits)
     plan = make_plan(
         ds,
         relevance=relevance,
-        max_grade=max_grade,
         max_radius=params.max_radius,
         query_block_rows=query_block_rows,
         db_block_rows=db_block_rows,
@@ -51,7 +50,7 @@ def prepare(
         "beta": params.beta,
         "empty_queries": params.empty_queries,
         "relevance": plan.relevance,
-        "max_grade": plan.max_grade,
+        "max_grade": params.max_grade,
         "query_block_rows": plan.query_block_rows,
         "db_block_rows": plan.db_block_rows,
         "hashtable": list(settings),
@@ -74,6 +73,8 @@ def build_report(ds: Dataset, plan: Plan, parameters: dict, result: RunResult, t
             "relevance": plan.relevance,
             "fingerprint": ds.fingerprint,
         },
+        "grades": {"largest": plan.largest_grade, "cap": parameters["max_grade"],
+                   "relevant_pairs_capped": int(result.per_query["capped_pairs"].sum())},
         "code_usage": result.code_usage,
         "parameters": parameters,
         "provenance": provenance(ds.fingerprint, parameters),

@@ -11,7 +11,7 @@ import json
 import os
 import sys
 
-from hashdist.defaults import DEFAULT_K, DEFAULT_MAX_GRADE, DEFAULT_RADII
+from hashdist.defaults import DEFAULT_K, DEFAULT_RADII
 from hashdist.errors import InputError
 
 DESCRIPTION = """\
@@ -181,8 +181,9 @@ def _add_evaluate(sub):
     p.add_argument("--empty-queries", choices=["exclude", "zero"], default="exclude",
                    help="queries without relevant items: excluded from means (default) or counted as 0")
     p.add_argument("--relevance", choices=["class", "multilabel", "explicit"], help="default: the dataset's")
-    p.add_argument("--max-grade", type=int, default=DEFAULT_MAX_GRADE,
-                   help=f"cap on graded relevance (labels in common), default {DEFAULT_MAX_GRADE}")
+    p.add_argument("--max-grade", type=int, metavar="G",
+                   help="count multi-label grades (labels in common) above G as G; default: uncapped. The report "
+                   "records the cap and how many relevant pairs it changed")
     p.add_argument("--hashtable", nargs="+", default=[], metavar="KxL",
                    help="hashtable-bucket paradigm: L tables of K-bit substrings, e.g. 8x8 16x4")
     _add_execution_options(p)

@@ -3,6 +3,5 @@
 DEFAULT_K = (10, 100, 1000)  # cut-offs K of the @K metrics
 DEFAULT_RADII = (0, 1, 2)  # Hamming radii of the radius metrics and mLGAP
 DEFAULT_BETA = 1.0  # F-beta's beta
-DEFAULT_MAX_GRADE = 8  # cap on multi-label grades (labels in common)
 DEFAULT_QUERY_BLOCK_ROWS = 2048
 DEFAULT_DB_BLOCK_ROWS = 262144

@@ -23,7 +23,7 @@ from hashdist.blocks import Block, block_rows, row_ranges, split_by_pairs
 from hashdist.cache import BlockCache
 from hashdist.codeusage import bit_ones_block, code_usage
 from hashdist.dataset import Dataset, combine_digests, open_dataset
-from hashdist.defaults import DEFAULT_DB_BLOCK_ROWS, DEFAULT_MAX_GRADE, DEFAULT_QUERY_BLOCK_ROWS
+from hashdist.defaults import DEFAULT_DB_BLOCK_ROWS, DEFAULT_QUERY_BLOCK_ROWS
 from hashdist.errors import InputError
 from hashdist.kernels import KERNEL_VERSION
 from hashdist.kernels.codecounts import ball_lookup_table, code_counts, max_bucket_within, merge_code_counts
@@ -48,7 +48,7 @@ class Plan:
     url: str
     nbits: int
     relevance: str
-    max_grade: int
+    largest_grade: int  # the grade axis: the most labels in common any query can have (uncapped)
     max_radius: int
     query_block_rows: int
     db_block_rows: int
@@ -71,11 +71,25 @@ def check_relevance(ds: Dataset, relevance: str | None) -> str:
     return relevance
 
 
+def largest_possible_grade(ds: Dataset, relevance: str) -> int:
+    """The largest grade any pair can have, a run-wide constant that sizes the histogram's grade axis:
+    1 for classes, the most labels any query has for multi-label data (labels in common cannot exceed
+    it), the largest listed grade for explicit ground truth."""
+    if relevance == "class":
+        return 1
+    if relevance == "multilabel":
+        words = ds.labels("queries", 0, ds.n_queries)
+        return max(1, int(np.bitwise_count(words).sum(axis=1).max(initial=0)))
+    if not ds.has("queries/relevant/grades"):
+        return 1
+    grades = ds.read("queries/relevant/grades", 0, ds.fingerprints["queries/relevant/grades"].rows)
+    return max(1, int(grades.max(initial=0)))
+
+
 def make_plan(
     ds: Dataset,
     *,
     relevance: str | None = None,
-    max_grade: int = DEFAULT_MAX_GRADE,
     max_radius: int = 2,
     query_block_rows: int | None = None,
     db_block_rows: int | None = None,
@@ -83,14 +97,11 @@ def make_plan(
 ) -> Plan:
     """Blocks aligned to chunks, each keyed on the fingerprints of the rows it reads."""
     relevance = check_relevance(ds, relevance)
-    if relevance == "class":
-        max_grade = 1
-    elif int(max_grade) != max_grade or max_grade < 1:
-        raise InputError(f"--max-grade must be a positive integer, got {max_grade}")
+    largest_grade = largest_possible_grade(ds, relevance)
     qrows = block_rows(query_block_rows, ds.chunk_rows("queries"), DEFAULT_QUERY_BLOCK_ROWS, "--query-block-rows")
     drows = block_rows(db_block_rows, ds.chunk_rows("database"), DEFAULT_DB_BLOCK_ROWS, "--db-block-rows")
     fp = ds.fingerprints
-    common = (KERNEL_VERSION, ds.nbits, relevance, max_grade, *(f"{bits}x{tables}" for bits, tables in hashtables))
+    common = (KERNEL_VERSION, ds.nbits, relevance, largest_grade, *(f"{bits}x{tables}" for bits, tables in hashtables))
 
     def query_digest(q0, q1):
         rel = ds.relevant_digest(q0, q1) if relevance == "explicit" else fp["queries/labels"].rows_digest(q0, q1)
@@ -115,7 +126,7 @@ def make_plan(
         CountBlock(d0, d1, combine_digests(("code_counts", KERNEL_VERSION, fp["database/codes"].rows_digest(d0, d1))))
         for (d0, d1) in db_blocks
     )
-    return Plan(ds.url, ds.nbits, relevance, max_grade, max_radius, qrows, drows, tuple(query_blocks), hist, counts,
+    return Plan(ds.url, ds.nbits, relevance, largest_grade, max_radius, qrows, drows, tuple(query_blocks), hist, counts,
                 tuple(hashtables))
 
 
@@ -134,7 +145,7 @@ def compute_histogram(plan: Plan, block: Block, ds: Dataset | None = None) -> di
         drel = ds.labels("database", block.d0, block.d1)
     result = {
         "H": histogram_block(qc, dc, plan.nbits, plan.relevance, qrel, drel, db_start=block.d0,
-                             max_grade=plan.max_grade)
+                             max_grade=plan.largest_grade)
     }
     for bits, tables in plan.hashtables:
         tp, retrieved = hashtable_counts(qc, dc, plan.nbits, bits, tables, qrel, drel, plan.relevance,

@@ -29,6 +29,7 @@ class MetricParams:
     beta: float = DEFAULT_BETA
     empty_queries: str = "exclude"
     hashtables: tuple[str, ...] = ()  # "KxL" settings whose per-query counts the kernels supply
+    max_grade: int | None = None  # the user's cap on graded relevance; None: uncapped (docs/metrics.md, section 5)
 
     def validate(self, nbits: int) -> None:
         from hashdist.errors import InputError
@@ -41,20 +42,37 @@ class MetricParams:
             raise InputError(f"--beta must be a finite number > 0, got {self.beta}")
         if self.empty_queries not in EMPTY_QUERY_RULES:
             raise InputError(f"--empty-queries must be one of {EMPTY_QUERY_RULES}, got {self.empty_queries!r}")
+        if self.max_grade is not None and (isinstance(self.max_grade, bool) or int(self.max_grade) != self.max_grade
+                                           or self.max_grade < 1):
+            raise InputError(f"--max-grade must be a positive integer, got {self.max_grade}")
 
     @property
     def max_radius(self) -> int:
         return max(self.radii)
 
 
+def cap_grades(H: np.ndarray, cap: int) -> tuple[np.ndarray, np.ndarray]:
+    """H with grades above ``cap`` counted as ``cap``, and per query the number of pairs that changed."""
+    if H.shape[2] <= cap + 1:
+        return H, np.zeros(H.shape[0], dtype=np.int64)
+    capped = H[:, :, : cap + 1].copy()
+    capped[:, :, cap] += H[:, :, cap + 1 :].sum(axis=2)
+    return capped, H[:, :, cap + 1 :].sum(axis=(1, 2))
+
+
 def per_query_metrics(H: np.ndarray, max_bucket: np.ndarray, params: MetricParams) -> dict[str, np.ndarray]:
     """Every per-query value of the registry's per-query measures, keyed by ``per_query_key``. NaN = undefined.
 
-    Also the counts that micro measures sum: relevant items, items, and TP and |S_r| per radius.
+    Also the counts that micro measures sum: relevant items, items, and TP and |S_r| per radius; and
+    ``capped_pairs``, the relevant pairs whose grade the user's cap lowered.
     """
     H = np.ascontiguousarray(H, dtype=np.int64)
+    capped_pairs = np.zeros(H.shape[0], dtype=np.int64)
+    if params.max_grade is not None:
+        H, capped_pairs = cap_grades(H, params.max_grade)
     tp, size, R = rad.retrieved_counts(H)
-    out: dict[str, np.ndarray] = {"relevant": R, "items": size[:, -1], "tp_at_radius": tp, "retrieved_at_radius": size}
+    out: dict[str, np.ndarray] = {"relevant": R, "items": size[:, -1], "tp_at_radius": tp, "retrieved_at_radius": size,
+                                  "capped_pairs": capped_pairs}
     for measure in MEASURES:
         if measure.per_query is None:
             continue

@@ -142,8 +142,16 @@ def load_relevant(path, n_queries: int, n_database: int):
         raise InputError(f"{path}: not a readable .npz file with indptr and indices (pickles are refused)") from None
     if "indptr" not in arrays or "indices" not in arrays:
         raise InputError(f"{path}: needs arrays 'indptr' and 'indices' (CSR), has {', '.join(arrays)}")
-    indptr, indices = arrays["indptr"], arrays["indices"]
-    grades = arrays.get("grades")
+    return check_relevant(arrays, path, n_queries, n_database)
+
+
+def check_relevant(arrays: dict, path, n_queries: int, n_database: int):
+    """Validate CSR ground truth (``indptr``, ``indices``, optional ``grades``); sort each query's list.
+
+    ``path`` names the input in errors (a file, or an argument of the Python API).
+    """
+    indptr, indices = np.asarray(arrays["indptr"]), np.asarray(arrays["indices"])
+    grades = None if arrays.get("grades") is None else np.asarray(arrays["grades"])
     if indptr.ndim != 1 or indptr.dtype.kind not in "iu" or indices.dtype.kind not in "iu":
         raise InputError(f"{path}: indptr and indices must be 1-D integer arrays")
     if len(indptr) != n_queries + 1 or indptr[0] != 0 or indptr[-1] != len(indices):

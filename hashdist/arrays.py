@@ -1,0 +1,254 @@
+"""Evaluate codes held in memory: arrays in, the report document out, no files written.
+
+:class:`Evaluator` is a streaming, mergeable state for training loops (``add_database``,
+``add_queries``, ``merge``, ``compute``): each batch is validated and packed as it arrives, so
+memory is the packed database and query codes and labels, never a Q x N matrix.
+:func:`evaluate_codes` is one evaluator fed whole arrays. Both write the packed rows into an
+in-process Zarr dataset (``memory://``) with the same chunking as ``hashdist ingest`` and run
+the same engine as :func:`hashdist.evaluate`, so the report is identical to evaluating the same
+data ingested to disk, apart from paths and timing.
+
+Arrays: codes (n, B) of {0,1}, {-1,+1} or bool, or packed ``numpy.packbits`` uint8 rows with
+``nbits=B``; labels 1-D integers (classes) or 2-D 0/1 (multi-hot). Anything exposing
+``__array__`` or ``__dlpack__`` (a CPU torch tensor) is accepted; torch is never imported. Bad
+input raises :class:`hashdist.InputError` (a ``ValueError``) naming the argument; an evaluator
+that refused a batch is unchanged and stays usable.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import numpy as np
+
+from hashdist.bits import check_code_convention, code_values, numpy_packed_to_words, pack_bits
+from hashdist.dataset import DEFAULT_CHUNK_ROWS, DEFAULT_QUERY_CHUNK_ROWS, MAX_NBITS, DatasetWriter
+from hashdist.errors import InputError
+from hashdist.ingest import check_relevant
+
+__all__ = ["Evaluator", "evaluate_codes"]
+
+
+def as_numpy(x, name: str) -> np.ndarray:
+    """A numpy view of an array-like: numpy arrays, ``__dlpack__`` or ``__array__`` objects, nested lists."""
+    if isinstance(x, np.ndarray):
+        return x
+    try:
+        if hasattr(x, "__dlpack__"):
+            return np.from_dlpack(x)
+        return np.asarray(x)
+    except Exception as exc:
+        raise InputError(f"{name}: not convertible to a numpy array ({type(exc).__name__}: {exc})") from None
+
+
+class _Part:
+    """The packed rows of one side (database or queries): code words, labels and their kinds."""
+
+    def __init__(self):
+        self.words: list[np.ndarray] = []
+        self.labels: list[np.ndarray] = []
+        self.rows = 0
+        self.values: set = set()  # code values seen, to refuse a mix of {0,1} and {-1,+1} batches
+        self.label_kind: str | None = None  # "class", "multilabel" or None (no labels)
+        self.label_columns = 0
+
+    def extend(self, other: _Part) -> None:
+        self.words += other.words
+        self.labels += other.labels
+        self.rows += other.rows
+        self.values |= other.values
+
+
+class Evaluator:
+    """Streaming evaluation state: add database and query batches in any sizes, merge, compute.
+
+    ``nbits``: bits per code when codes are given as packed ``numpy.packbits`` uint8 rows; otherwise
+    the width of the first batch sets B and every later batch must match.
+    """
+
+    def __init__(self, nbits: int | None = None):
+        self.nbits = nbits
+        self.packed = nbits is not None
+        self._parts = {"database": _Part(), "queries": _Part()}
+
+    # -- adding batches ------------------------------------------------------------------
+
+    def add_database(self, codes, labels=None) -> Evaluator:
+        """Append database items (codes and, for class or multi-label relevance, their labels)."""
+        return self._add("database", codes, labels, "db_codes", "db_labels")
+
+    def add_queries(self, codes, labels=None) -> Evaluator:
+        """Append queries (codes and their labels)."""
+        return self._add("queries", codes, labels, "query_codes", "query_labels")
+
+    def _add(self, part: str, codes, labels, codes_name: str, labels_name: str) -> Evaluator:
+        words, width, values = self._pack_codes(as_numpy(codes, codes_name), codes_name)
+        packed_labels, kind, columns = None, None, 0
+        if labels is not None:
+            packed_labels, kind, columns = _pack_labels(as_numpy(labels, labels_name), labels_name, len(words))
+        self._check_labels_agree(part, labels_name, kind, columns)
+        side = self._parts[part]
+        check_code_convention(side.values | values, codes_name)
+        # every check passed: only now does the state change
+        self.nbits = width
+        side.values |= values
+        side.words.append(words)
+        side.rows += len(words)
+        if packed_labels is not None:
+            side.labels.append(packed_labels)
+            side.label_kind, side.label_columns = kind, columns
+        return self
+
+    def _pack_codes(self, arr: np.ndarray, name: str) -> tuple[np.ndarray, int, set]:
+        if arr.ndim != 2 or arr.shape[0] == 0 or arr.shape[1] == 0:
+            raise InputError(f"{name}: codes must be a non-empty 2-D array (rows, bits), got shape {arr.shape}")
+        if self.packed:
+            if arr.dtype != np.uint8 or arr.shape[1] != -(-self.nbits // 8):
+                raise InputError(f"{name}: packed codes must be uint8 rows of {-(-self.nbits // 8)} bytes for "
+                                 f"nbits={self.nbits}, got {arr.dtype} {arr.shape}")
+            words = numpy_packed_to_words(arr, self.nbits)
+            if self.nbits % 64 and (words[:, -1] >> np.uint64(self.nbits % 64)).any():
+                raise InputError(f"{name}: packed codes have bits set beyond nbits={self.nbits}")
+            return words, self.nbits, set()
+        if arr.shape[1] > MAX_NBITS:
+            raise InputError(f"{name}: {arr.shape[1]} bits per code exceeds the maximum {MAX_NBITS}")
+        if self.nbits is not None and arr.shape[1] != self.nbits:
+            raise InputError(f"{name}: codes have {arr.shape[1]} bits but earlier codes have {self.nbits}")
+        values = code_values(arr, name)
+        check_code_convention(values, name)
+        return pack_bits(arr), arr.shape[1], values
+
+    def _check_labels_agree(self, part: str, name: str, kind: str | None, columns: int) -> None:
+        """Labels must be given for every batch or none, of one kind and width on both sides."""
+        sides = [p for p in self._parts.values() if p.rows]
+        if not sides:
+            return
+        have = next((p for p in sides if p.label_kind), None)
+        if (have is None) != (kind is None) and (have is not None or any(p.rows for p in sides)):
+            if have is None:
+                raise InputError(f"{name}: labels given, but earlier batches have none")
+            raise InputError(f"{name}: labels missing, but earlier batches have {have.label_kind} labels")
+        if have is not None and (kind, columns) != (have.label_kind, have.label_columns):
+            shape = "1-D class labels" if kind == "class" else f"multi-hot labels with {columns} columns"
+            before = "class labels" if have.label_kind == "class" else f"{have.label_columns} label columns"
+            raise InputError(f"{name}: {shape}, but earlier batches have {before}")
+
+    # -- combining and computing ----------------------------------------------------------
+
+    def merge(self, other: Evaluator) -> Evaluator:
+        """Add another evaluator's database and queries after this one's (e.g. from another process)."""
+        if other.nbits is not None and self.nbits is not None and other.nbits != self.nbits:
+            raise InputError(f"merge: the other evaluator has {other.nbits}-bit codes, this one {self.nbits}")
+        for part in ("database", "queries"):
+            mine, theirs = self._parts[part], other._parts[part]
+            if mine.rows and theirs.rows and (mine.label_kind, mine.label_columns) != (
+                    theirs.label_kind, theirs.label_columns):
+                raise InputError(f"merge: the other evaluator's {part} labels differ in kind or width")
+            check_code_convention(mine.values | theirs.values, f"merge ({part} codes)")
+        for part in ("database", "queries"):
+            theirs = other._parts[part]
+            if theirs.rows:
+                if not self._parts[part].rows:
+                    self._parts[part].label_kind = theirs.label_kind
+                    self._parts[part].label_columns = theirs.label_columns
+                self._parts[part].extend(theirs)
+        self.nbits = self.nbits or other.nbits
+        return self
+
+    def compute(self, *, relevant=None, threads: int | None = None, **options) -> dict:
+        """The report document of everything added so far (see :func:`hashdist.evaluate` for the options).
+
+        ``relevant``: explicit ground truth instead of labels, as a CSR triple (indptr, indices[, grades])
+        or a list with each query's relevant database indices.
+        """
+        from hashdist.api import evaluate_local
+
+        db, queries = self._parts["database"], self._parts["queries"]
+        for side, name in ((db, "add_database"), (queries, "add_queries")):
+            if not side.rows:
+                raise InputError(f"{name}: no rows were added")
+        url = f"memory://hashdist-{uuid.uuid4().hex}"
+        try:
+            self._write(url, _relevant_csr(relevant, queries.rows, db.rows))
+            report = evaluate_local(url, cache=False, threads=threads, **options).report
+        finally:
+            _remove_memory_dataset(url)
+        report["dataset"]["path"] = "<arrays>"
+        return report
+
+    def _write(self, url: str, csr) -> None:
+        db = self._parts["database"]
+        kinds = [db.label_kind] if db.label_kind else []
+        if csr is not None:
+            kinds.append("explicit")
+        if not kinds:
+            raise InputError("labels: give labels for database and queries, or relevant=")
+        n_labels = db.label_columns if db.label_kind == "multilabel" else 0
+        with DatasetWriter(url, nbits=self.nbits, relevance=tuple(kinds), n_labels=n_labels,
+                           chunk_rows=DEFAULT_CHUNK_ROWS, query_chunk_rows=DEFAULT_QUERY_CHUNK_ROWS) as writer:
+            for part, side in self._parts.items():
+                for words in side.words:
+                    writer.add_codes(part, words)
+                for labels in side.labels:
+                    writer.add_labels(part, labels)
+            if csr is not None:
+                writer.add_relevant(*csr)
+
+
+def _pack_labels(arr: np.ndarray, name: str, rows: int) -> tuple[np.ndarray, str, int]:
+    if arr.shape[0] != rows:
+        raise InputError(f"{name}: {arr.shape[0]} labels but {rows} codes")
+    if arr.ndim == 1:
+        if arr.dtype.kind not in "iu":
+            raise InputError(f"{name}: class labels must be integers, got {arr.dtype}")
+        return arr.astype(np.int64), "class", 0
+    if arr.ndim != 2 or arr.shape[1] == 0 or arr.dtype.kind not in "biuf":
+        raise InputError(f"{name}: labels must be 1-D integers or a 2-D 0/1 matrix, got {arr.dtype} {arr.shape}")
+    if arr.dtype.kind == "f" and np.isnan(arr).any():
+        raise InputError(f"{name}: multi-label matrix contains NaN")
+    if not np.isin(arr, (0, 1)).all():
+        raise InputError(f"{name}: multi-label matrix must contain only 0 and 1")
+    return pack_bits(arr.astype(np.uint8)), "multilabel", arr.shape[1]
+
+
+def _relevant_csr(relevant, n_queries: int, n_database: int):
+    """``relevant`` as validated CSR (indptr, indices, grades or None), or None."""
+    if relevant is None:
+        return None
+    if isinstance(relevant, tuple) and len(relevant) in (2, 3):
+        arrays = dict(zip(("indptr", "indices", "grades"), (as_numpy(x, "relevant") for x in relevant),
+                          strict=False))
+    else:
+        lists = [as_numpy(x, "relevant").reshape(-1) for x in relevant]
+        if len(lists) != n_queries:
+            raise InputError(f"relevant: {len(lists)} lists for {n_queries} queries")
+        indptr = np.concatenate([[0], np.cumsum([len(x) for x in lists])]).astype(np.int64)
+        indices = np.concatenate(lists) if lists else np.zeros(0, np.int64)
+        arrays = {"indptr": indptr, "indices": indices.astype(np.int64) if indices.dtype.kind in "iu" else indices}
+    return check_relevant(arrays, "relevant", n_queries, n_database)
+
+
+def _remove_memory_dataset(url: str) -> None:
+    import fsspec
+
+    fs = fsspec.filesystem("memory")
+    path = url.removeprefix("memory://")
+    if fs.exists(path):
+        fs.rm(path, recursive=True)
+
+
+def evaluate_codes(query_codes, db_codes, query_labels=None, db_labels=None, *, relevant=None, nbits=None,
+                   threads: int | None = None, **options) -> dict:
+    """The report document for in-memory codes (the same as ``hashdist.evaluate`` on them ingested).
+
+    ``relevant`` replaces labels with explicit ground truth (a CSR triple or a list of index arrays per
+    query); ``nbits`` means the codes are packed ``numpy.packbits`` rows of that many bits. Options as for
+    :func:`hashdist.evaluate`: k, radius, beta, empty_queries, relevance, max_grade, hashtable,
+    query_block_rows, db_block_rows. Writes no files.
+    """
+    if (query_labels is None) != (db_labels is None):
+        raise InputError("query_labels and db_labels must be given together")
+    evaluator = Evaluator(nbits)
+    evaluator.add_database(db_codes, db_labels)
+    evaluator.add_queries(query_codes, query_labels)
+    return evaluator.compute(relevant=relevant, threads=threads, **options)

@@ -98,7 +98,8 @@ def test_explicit_relevance_as_lists_and_csr():
 
 
 @pytest.mark.parametrize("call, needle", [
-    (lambda q, d, ql, dl: evaluate_codes(q[:, :7], d, ql, dl), "query_codes: codes have 7 bits but earlier codes have 8"),
+    (lambda q, d, ql, dl: evaluate_codes(q[:, :7], d, ql, dl),
+     "query_codes: codes have 7 bits but earlier codes have 8"),
     (lambda q, d, ql, dl: evaluate_codes(q, d, ql[:3], dl), "query_labels: 3 labels but 10 codes"),
     (lambda q, d, ql, dl: evaluate_codes(q * 2, d, ql, dl), "query_codes: code values must be in"),
     (lambda q, d, ql, dl: evaluate_codes(q.astype(float) * np.nan, d, ql, dl), "query_codes: codes contain NaN"),

@@ -30,6 +30,7 @@ def compare(
     seed: int = 0,
     cache: str | bool | None = None,
     overwrite: bool = False,
+    tables: list[str] = (),
     address: str | None = None,
     cluster_class: str | None = None,
     cluster_kwargs: dict | None = None,
@@ -49,7 +50,7 @@ def compare(
     comparison, occupancy = build_comparison(parsed, datasets, evaluations, k=k, radius=radius,
                                              permutations=permutations, bootstrap=bootstrap, seed=seed)
     if out is not None:
-        write_comparison(out, comparison, occupancy, overwrite=overwrite)
+        write_comparison(out, comparison, occupancy, overwrite=overwrite, tables=tuple(tables))
     header, rows = leaderboard_rows(comparison)
     create_table_artifact(table=[dict(zip(header, row, strict=True)) for row in rows], key="hashdist-comparison",
                           description="hashdist leaderboard (methods by expected mAP)")
@@ -57,10 +58,11 @@ def compare(
 
 
 def run_comparison(methods, *, out=None, overwrite=False, k=DEFAULT_K, radius=DEFAULT_RADII,
-                   permutations=DEFAULT_PERMUTATIONS, bootstrap=DEFAULT_BOOTSTRAP, seed=0, cache=None, **cluster):
+                   permutations=DEFAULT_PERMUTATIONS, bootstrap=DEFAULT_BOOTSTRAP, seed=0, cache=None, tables=(),
+                   **cluster):
     """Validate the inputs here (bad input fails before any cluster starts), then run the flow."""
     validate(methods, k=k, radius=radius, permutations=permutations, seed=seed, out=out, overwrite=overwrite)
     cache = cache if cache is None or cache is False else str(cache)
     return compare(methods=[str(m) for m in methods], out=None if out is None else str(out), overwrite=overwrite,
                    k=list(k), radius=list(radius), permutations=permutations, bootstrap=bootstrap, seed=seed,
-                   cache=cache, **cluster)
+                   cache=cache, tables=list(tables), **cluster)

@@ -261,6 +261,10 @@ def _add_compare(sub):
                    help="flow: Prefect + Dask (default); local: threads in this process")
     p.add_argument("--cache", help="block result store (default: the per-user cache)")
     p.add_argument("--no-cache", action="store_true", help="compute every block, store nothing")
+    p.add_argument("--latex", action="store_true",
+                   help="also write DIR/leaderboard.tex: the leaderboard as a LaTeX table for a paper (best in bold, "
+                   "a dagger where the order depends on tie-breaking, the convention in the caption)")
+    p.add_argument("--markdown", action="store_true", help="also write DIR/leaderboard.md, the same table in Markdown")
     p.add_argument("--overwrite", action="store_true", help="replace DIR even if it is not a hashdist comparison")
 
 
@@ -269,8 +273,9 @@ def _run_compare(a):
     from hashdist.compare import compare
     from hashdist.compare_report import format_leaderboard
 
+    tables = [kind for kind in ("latex", "markdown") if getattr(a, kind)]
     options = dict(k=a.k, radius=a.radius, permutations=a.permutations, seed=a.seed,
-                   cache=False if a.no_cache else a.cache, out=a.out, overwrite=a.overwrite)
+                   cache=False if a.no_cache else a.cache, out=a.out, overwrite=a.overwrite, tables=tables)
     with exclusive(a.out):
         if a.engine == "local":
             comparison = compare(a.method, **options)
@@ -278,7 +283,8 @@ def _run_compare(a):
             from flows.compare import run_comparison
 
             comparison = run_comparison(a.method, **options)
-    return f"{format_leaderboard(comparison)}\ncomparison: {a.out}/comparison.json, {a.out}/comparison.html"
+    written = ", ".join(comparison["outputs"].values())
+    return f"{format_leaderboard(comparison)}\ncomparison: {written}"
 
 
 def _add_groundtruth(sub):

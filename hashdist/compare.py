@@ -203,8 +203,9 @@ def _ground_truth_digest(ds: Dataset) -> str:
 
 
 def compare(specs, *, evaluate=None, k=DEFAULT_K, radius=DEFAULT_RADII, permutations=DEFAULT_PERMUTATIONS,
-            bootstrap=DEFAULT_BOOTSTRAP, seed=0, cache=None, out=None, overwrite=False) -> dict:
-    """Evaluate every ``NAME=DATASET`` and compare them; with ``out``, write comparison.json and .html there.
+            bootstrap=DEFAULT_BOOTSTRAP, seed=0, cache=None, out=None, overwrite=False, tables=()) -> dict:
+    """Evaluate every ``NAME=DATASET`` and compare them; with ``out``, write comparison.json and .html there
+    (and ``tables``: "latex", "markdown", the leaderboard as a table for a paper).
 
     ``evaluate(dataset, k=..., radius=...)`` returns an :class:`hashdist.api.Evaluation`
     (default: :func:`hashdist.api.evaluate_local` with ``cache``).
@@ -220,7 +221,7 @@ def compare(specs, *, evaluate=None, k=DEFAULT_K, radius=DEFAULT_RADII, permutat
     comparison, occupancy = build_comparison(methods, datasets, evaluations, k=k, radius=radius,
                                              permutations=permutations, bootstrap=bootstrap, seed=seed)
     if out is not None:
-        write_comparison(out, comparison, occupancy, overwrite=overwrite)
+        write_comparison(out, comparison, occupancy, overwrite=overwrite, tables=tuple(tables))
     return comparison
 
 

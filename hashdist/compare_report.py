@@ -14,7 +14,7 @@ import numpy as np
 
 from hashdist.atomic import staged_directory
 from hashdist.errors import InputError
-from hashdist.metrics.registry import headline_rows
+from hashdist.metrics.registry import BY_KEY, FIELD_LABELS, MEASURES, headline_rows, lookup
 from hashdist.render import fmt, html_figure, html_table, page, png, text_table
 
 COMPARISON_MARKER = "hashdist-comparison"
@@ -35,14 +35,20 @@ def check_comparison_dir(out, overwrite: bool) -> Path:
     return out
 
 
-def write_comparison(out, comparison: dict, occupancy: dict, *, overwrite: bool = False) -> Path:
-    """comparison.json and a self-contained comparison.html, replacing ``out`` atomically."""
+def write_comparison(out, comparison: dict, occupancy: dict, *, overwrite: bool = False,
+                     tables: tuple[str, ...] = ()) -> Path:
+    """comparison.json and a self-contained comparison.html, replacing ``out`` atomically; with ``tables``
+    ("latex", "markdown") also leaderboard.tex / leaderboard.md, the leaderboard as a table for a paper."""
     from hashdist.report import json_safe
 
     out = Path(out)
     with staged_directory(check_comparison_dir(out, overwrite)) as tmp:
         comparison["outputs"] = {"comparison_json": str(out / "comparison.json"),
                                  "comparison_html": str(out / "comparison.html")}
+        for kind in tables:
+            name, render = PAPER_TABLES[kind]
+            (tmp / name).write_text(render(comparison))
+            comparison["outputs"][f"leaderboard_{kind}"] = str(out / name)
         (tmp / "comparison.json").write_text(json.dumps(json_safe(comparison), indent=2))
         (tmp / "comparison.html").write_text(render_html(comparison, plots(comparison, occupancy)))
     return out
@@ -191,3 +197,131 @@ def render_html(comparison: dict, images: dict[str, str]) -> str:
         + f"<h2>Plots</h2>{figures}"
     )
     return page("hashdist comparison", body)
+
+
+# -- tables for papers ----------------------------------------------------------------
+
+_CONVENTION = ("expected over all orders of items tied at one Hamming distance; mAP@K normalised by the relevant "
+               "items retrieved (DeepHash-pytorch's CalcTopMap); the mean runs over the {evaluated} queries with "
+               "relevant items (hashdist's default query set)")
+
+
+def _by_bit_length(comparison: dict) -> bool:
+    """True when the methods are a few models at several code lengths: (group, bits) pairs, all distinct."""
+    methods = comparison["methods"].values()
+    keys = [(m["group"], m["nbits"]) for m in methods]
+    return len({b for _, b in keys}) > 1 and len(set(keys)) == len(keys) and len({g for g, _ in keys}) < len(keys)
+
+
+def _interval(metrics: dict, measure, value, variant) -> tuple[float, float, float] | None:
+    v = lookup(metrics, measure, value, variant)
+    return (v["worst"], v["expected"], v["best"]) if isinstance(v, dict) and "expected" in v else None
+
+
+def _columns(comparison: dict) -> list[tuple[str, object, object, object]]:
+    """(label, measure, parameter value, variant) of each headline column, radius measures at the largest radius."""
+    r = str(comparison["parameters"]["lgap_radius"])
+    first = comparison["methods"][comparison["ranking"][0]]["metrics"]
+    out = []
+    for m in MEASURES:
+        if not m.headline:
+            continue
+        values = [r] if m.parameter == "radius" else list(first[m.key]) if m.parameter else [None]
+        for value in values:
+            label = m.label_for(value, None)
+            out.append((label + (f" {FIELD_LABELS[m.fields[0]]}" if m.fields and not m.policies else ""), m, value,
+                        m.headline_variant))
+    return out
+
+
+def _cell_value(metrics: dict, measure, value, variant) -> float:
+    v = lookup(metrics, measure, value, variant)
+    if isinstance(v, dict):
+        v = v["expected"] if "expected" in v else v[measure.fields[0]]
+    return v
+
+
+def paper_cells(comparison: dict) -> tuple[list[str], list[list[tuple[str, bool, bool]]], str]:
+    """(header, rows of (text, bold, dagger) cells, caption) of the paper table.
+
+    Methods x headline metrics, or, when the methods are models at several code lengths, models x
+    bit lengths for mAP. Bold: the best value of a column. Dagger: the value's tie interval
+    [worst, best] overlaps another row's in that column, so their order depends on tie-breaking.
+    """
+    methods = comparison["methods"]
+    if _by_bit_length(comparison):
+        bits = sorted({m["nbits"] for m in methods.values()})
+        groups = list(dict.fromkeys(methods[n]["group"] for n in comparison["ranking"]))
+        cell_of = {(m["group"], m["nbits"]): m["metrics"] for m in methods.values()}
+        header = ["Method", *(f"{b} bits" for b in bits)]
+        grid = [[cell_of.get((g, b)) for b in bits] for g in groups]
+        labels = groups
+        measure_at = [(BY_KEY["map"], None, None)] * len(bits)
+        what = "mAP"
+    else:
+        columns = _columns(comparison)
+        header = ["Method", *(c[0] for c in columns)]
+        labels = list(comparison["ranking"])
+        grid = [[methods[n]["metrics"]] * len(columns) for n in labels]
+        measure_at = [c[1:] for c in columns]
+        what = "Metrics"
+    rows = [[(label, False, False)] for label in labels]
+    for j, (measure, value, variant) in enumerate(measure_at):
+        column = [(i, grid[i][j]) for i in range(len(labels)) if grid[i][j] is not None]
+        values = {i: _cell_value(m, measure, value, variant) for i, m in column}
+        intervals = {i: _interval(m, measure, value, variant) for i, m in column}
+        best = max(v for v in values.values() if v == v) if any(v == v for v in values.values()) else None
+        for i in range(len(labels)):
+            if i not in values:
+                rows[i].append(("-", False, False))
+                continue
+            mine = intervals[i]
+            dagger = mine is not None and any(
+                other is not None and max(mine[0], other[0]) <= min(mine[2], other[2])
+                for k, other in intervals.items() if k != i)
+            rows[i].append((fmt(values[i]), values[i] == best, dagger))
+    caption = (f"{what} of each method, {_CONVENTION.format(evaluated=comparison['queries']['evaluated'])}. "
+               "Bold: best in its column. \u2020: the tie interval [worst, best] overlaps another method's, so "
+               "their order depends on how ties are broken.")
+    return header, rows, caption
+
+
+_LATEX_SPECIAL = {c: "\\" + c for c in "&%$#_{}"} | {"~": r"\textasciitilde{}", "^": r"\textasciicircum{}",
+                                                      "\\": r"\textbackslash{}"}
+
+
+def _latex_escape(text: str) -> str:
+    return "".join(_LATEX_SPECIAL.get(c, c) for c in text)
+
+
+def latex_table(comparison: dict) -> str:
+    """The paper table as a LaTeX table (booktabs)."""
+    header, rows, caption = paper_cells(comparison)
+
+    def cell(text, bold, dagger):
+        text = _latex_escape(text)
+        text = rf"\textbf{{{text}}}" if bold else text
+        return text + (r"$^\dagger$" if dagger else "")
+
+    caption = _latex_escape(caption).replace("\u2020", r"$^\dagger$")
+    lines = [r"\begin{table}[t]", r"\centering", rf"\caption{{{caption}}}",
+             r"\label{tab:hashdist-leaderboard}", rf"\begin{{tabular}}{{l{'r' * (len(header) - 1)}}}", r"\toprule",
+             " & ".join(_latex_escape(h) for h in header) + r" \\", r"\midrule"]
+    lines += [" & ".join(cell(*c) for c in row) + r" \\" for row in rows]
+    lines += [r"\bottomrule", r"\end{tabular}", r"\end{table}"]
+    return "\n".join(lines) + "\n"
+
+
+def markdown_table(comparison: dict) -> str:
+    """The paper table as a Markdown (GitHub) table with its caption below."""
+    header, rows, caption = paper_cells(comparison)
+
+    def cell(text, bold, dagger):
+        return (f"**{text}**" if bold else text) + ("\u2020" if dagger else "")
+
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join([" --- "] + [" ---: "] * (len(header) - 1)) + "|"]
+    lines += ["| " + " | ".join(cell(*c) for c in row) + " |" for row in rows]
+    return "\n".join(lines) + f"\n\nTable: {caption}\n"
+
+
+PAPER_TABLES = {"latex": ("leaderboard.tex", latex_table), "markdown": ("leaderboard.md", markdown_table)}

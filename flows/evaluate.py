@@ -84,6 +84,7 @@ def evaluate(
     query_block_rows: int | None = None,
     db_block_rows: int | None = None,
     hashtable: list[str] = (),
+    conventions: list[str] = (),
     cache: str | bool | None = None,
     overwrite: bool = False,
     html: bool = True,
@@ -95,6 +96,7 @@ def evaluate(
     ds, params, plan, parameters = prepare(
         dataset, k=k, radius=radius, beta=beta, empty_queries=empty_queries, relevance=relevance,
         max_grade=max_grade, query_block_rows=query_block_rows, db_block_rows=db_block_rows, hashtable=hashtable,
+        conventions=conventions,
     )
     cache_dir = resolve_cache(cache).directory
     cache_arg = False if cache_dir is None else str(cache_dir)

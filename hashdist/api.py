@@ -13,6 +13,7 @@ from hashdist.dataset import Dataset, open_dataset
 from hashdist.defaults import DEFAULT_BETA, DEFAULT_K, DEFAULT_RADII
 from hashdist.engine import Plan, RunResult, make_plan, run_local
 from hashdist.kernels.hashtable import parse_hashtable_spec
+from hashdist.metrics.conventions import conventions_report
 from hashdist.metrics.summary import MetricParams
 from hashdist.report import REPORT_MARKER, provenance, write_outputs
 
@@ -29,12 +30,14 @@ def prepare(
     query_block_rows: int | None = None,
     db_block_rows: int | None = None,
     hashtable=(),
+    conventions=(),
 ) -> tuple[Dataset, MetricParams, Plan, dict]:
     """Open and validate the dataset and parameters and plan the blocks; returns (ds, params, plan, parameters)."""
     ds = open_dataset(dataset)
     hashtables = tuple(parse_hashtable_spec(spec, ds.nbits) for spec in hashtable)
     settings = tuple(f"{bits}x{tables}" for bits, tables in hashtables)
-    params = MetricParams(tuple(k), tuple(radius), float(beta), empty_queries, settings, max_grade)
+    params = MetricParams(tuple(k), tuple(radius), float(beta), empty_queries, settings, max_grade, ds.n_database,
+                          conventions=tuple(conventions))
     params.validate(ds.nbits)
     plan = make_plan(
         ds,
@@ -54,6 +57,7 @@ def prepare(
         "query_block_rows": plan.query_block_rows,
         "db_block_rows": plan.db_block_rows,
         "hashtable": list(settings),
+        "conventions": list(params.conventions),
     }
     return ds, params, plan, parameters
 
@@ -65,6 +69,7 @@ def build_report(ds: Dataset, plan: Plan, parameters: dict, result: RunResult, t
         "format": REPORT_MARKER,
         "metrics": result.metrics,
         "queries": result.queries,
+        "conventions": conventions_report(result.per_query, parameters["conventions"], parameters["k"]),
         "dataset": {
             "path": ds.url,
             "nbits": ds.nbits,
@@ -128,7 +133,8 @@ def evaluate(dataset, *, cache=None, threads: int | None = None, **options) -> d
 
     Options: k, radius, beta, empty_queries ("exclude" or "zero"), relevance
     ("class", "multilabel", "explicit"), max_grade, query_block_rows, db_block_rows,
-    hashtable (settings "KxL": L tables of K-bit substrings).
+    hashtable (settings "KxL": L tables of K-bit substrings), conventions (names of published scripts whose
+    mAP@K to reproduce: deephash, hashnet, trec).
     ``cache``: None for the per-user cache, False for none, or a directory.
     """
     return evaluate_local(dataset, cache=cache, threads=threads, **options).report

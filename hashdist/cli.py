@@ -13,6 +13,7 @@ import sys
 
 from hashdist.defaults import DEFAULT_K, DEFAULT_RADII
 from hashdist.errors import InputError
+from hashdist.metrics.conventions import CONVENTIONS
 
 DESCRIPTION = """\
 Exact, tie-aware evaluation of binary hash codes for retrieval.
@@ -186,6 +187,9 @@ def _add_evaluate(sub):
                    "records the cap and how many relevant pairs it changed")
     p.add_argument("--hashtable", nargs="+", default=[], metavar="KxL",
                    help="hashtable-bucket paradigm: L tables of K-bit substrings, e.g. 8x8 16x4")
+    p.add_argument("--convention", action="append", default=[], choices=[c.name for c in CONVENTIONS],
+                   metavar="NAME", help="also report mAP@K as a published script computes it (repeatable): "
+                   + "; ".join(f"{c.name}: {c.reproduces}" for c in CONVENTIONS))
     _add_execution_options(p)
     p.add_argument("--no-html", action="store_true", help="skip report.html")
     p.add_argument("--json", action="store_true", help="print report.json instead of the table")
@@ -208,7 +212,7 @@ def _evaluate_into(a):
     options = dict(
         k=a.k, radius=a.radius, beta=a.beta, empty_queries=a.empty_queries, relevance=a.relevance,
         max_grade=a.max_grade, query_block_rows=a.query_block_rows, db_block_rows=a.db_block_rows,
-        hashtable=a.hashtable,
+        hashtable=a.hashtable, conventions=a.convention,
     )
     cache = False if a.no_cache else a.cache
     if a.engine == "local":
@@ -353,11 +357,9 @@ def main(argv=None) -> int:
     # Prefect's INFO lines would drown the table; PREFECT_LOGGING_LEVEL still wins when set
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
     os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "warning")
+    # the ephemeral API takes 10-20 s to start on a loaded 2-core machine; Prefect's default limit is 20 s
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
     try:
-        if getattr(args, "engine", None) == "flow":
-            from flows import runtime  # importing it sets hashdist's Prefect defaults before Prefect loads
-
-            runtime.prepare_cli(debug=args.debug)
         message = COMMANDS[args.command][1](args)
     except InputError as exc:
         if args.debug:

@@ -17,6 +17,7 @@ import numpy as np
 
 from hashdist.atomic import staged_directory
 from hashdist.errors import InputError
+from hashdist.metrics.conventions import BY_NAME
 from hashdist.metrics.registry import FIELD_LABELS, MEASURES, POLICIES, lookup
 from hashdist.render import fmt, html_figure, html_table, page, png, text_table
 
@@ -74,7 +75,7 @@ def tables(report: dict) -> list[tuple[str, list[str], list[list[str]]]]:
     """(caption, header, rows) of every tabulated measure of the registry, in registry order."""
     m = report["metrics"]
     ranked = [[measure.label_for(value, variant), *(fmt(v[p]) for p in POLICIES)]
-              for measure in MEASURES if measure.policies
+              for measure in MEASURES if measure.policies and measure.parameter != "cutoff"  # plotted: P@N, R@N
               for value in (m[measure.key] if measure.parameter else [None])
               for variant in measure.variants or (None,)
               for v in [lookup(m, measure, value, variant)]]
@@ -96,11 +97,23 @@ def tables(report: dict) -> list[tuple[str, list[str], list[list[str]]]]:
         rows = [[value] + [fmt(m[x.key][value][f]) for x in measures for f in x.fields]
                 + [fmt(m[x.key][value]) for x in measures if not x.fields] for value in values]
         out.append((caption, header, rows))
+    return out + convention_tables(report)
+
+
+def convention_tables(report: dict) -> list[tuple[str, list[str], list[list[str]]]]:
+    """(caption, header, rows) per requested convention, the caption naming the script it reproduces."""
+    out = []
+    for name, values in report.get("conventions", {}).items():
+        c = BY_NAME[name]
+        caption = (f"{name}: mAP@K as {c.reproduces} computes it (AP@K '{c.normaliser}', mean over {c.queries}; "
+                   "docs/metrics.md, section 3b)")
+        rows = [[f"mAP@{k}", *(fmt(v[p]) for p in POLICIES)] for k, v in values["map_at_k"].items()]
+        out.append((caption, ["metric", *POLICIES], rows))
     return out
 
 
 def format_table(report: dict) -> str:
-    """The metric tables as aligned text, then code usage and the evaluated query count."""
+    """The metric tables (with the requested conventions) as aligned text, code usage and the evaluated query count."""
     parts = [text_table(*t) for t in tables(report)]
     usage = report.get("code_usage")
     if usage:
@@ -117,7 +130,8 @@ def format_table(report: dict) -> str:
 
 
 def plots(report: dict, per_query: dict, code_counts: np.ndarray) -> dict[str, str]:
-    """Base64 PNGs: PR curve, P/R against radius, AP distribution, mAP interval, code usage."""
+    """Base64 PNGs: PR curve, P/R against radius, P/R against N, PR curve by rank, AP distribution, mAP interval,
+    code usage."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -128,15 +142,19 @@ def plots(report: dict, per_query: dict, code_counts: np.ndarray) -> dict[str, s
     evaluated = per_query["relevant"] > 0
     figs = {}
 
-    fig, ax = plt.subplots(figsize=(5, 4))
-    curve = m["pr_curve"]
-    ax.plot([p["recall"] for p in curve], [p["precision"] for p in curve], marker="o", ms=3)
-    last = None
-    for p in curve:  # label radii where the curve has moved visibly since the last label
-        if last is None or abs(p["recall"] - last[0]) + abs(p["precision"] - last[1]) > 0.06:
-            ax.annotate(f"r={p['radius']}", (p["recall"], p["precision"]), fontsize=7, xytext=(3, 3),
-                        textcoords="offset points")
-            last = (p["recall"], p["precision"])
+    def pr_plot(curve, label):
+        """A PR curve, labelling points (label(p)) where it has moved visibly since the last label."""
+        fig, ax = plt.subplots(figsize=(5, 4))
+        ax.plot([p["recall"] for p in curve], [p["precision"] for p in curve], marker="o", ms=3)
+        last = None
+        for p in curve:
+            if last is None or abs(p["recall"] - last[0]) + abs(p["precision"] - last[1]) > 0.06:
+                ax.annotate(label(p), (p["recall"], p["precision"]), fontsize=7, xytext=(3, 3),
+                            textcoords="offset points")
+                last = (p["recall"], p["precision"])
+        return fig, ax
+
+    fig, ax = pr_plot(m["pr_curve"], lambda p: f"r={p['radius']}")
     ax.set(xlabel="recall (micro)", ylabel="precision (micro)", title="PR curve (labels: Hamming radius)",
            xlim=(0, 1.02), ylim=(0, 1.02))
     figs["pr_curve"] = fig
@@ -153,6 +171,23 @@ def plots(report: dict, per_query: dict, code_counts: np.ndarray) -> dict[str, s
     ax.set(xlabel="Hamming radius r", ylabel="value", title="precision and recall against radius", ylim=(0, 1.02))
     ax.legend()
     figs["radius"] = fig
+
+    cutoffs = [int(n) for n in m["precision_at_n"]]
+    fig, ax = plt.subplots(figsize=(5, 4))
+    for key, name in (("precision_at_n", "P@N"), ("recall_at_n", "R@N")):
+        v = {p: np.array([m[key][str(n)][p] for n in cutoffs], dtype=float) for p in POLICIES}
+        (line,) = ax.plot(cutoffs, v["expected"], marker="o", ms=3, label=f"{name} (expected)")
+        ax.fill_between(cutoffs, v["worst"], v["best"], color=line.get_color(), alpha=0.25, lw=0,
+                        label=f"{name} worst to best")
+    ax.set(xscale="log", xlabel="cut-off N (top N of the Hamming ranking)", ylabel="value (macro)",
+           title="precision and recall against N", ylim=(0, 1.02))
+    ax.legend(fontsize=8)
+    figs["precision_at_n"] = fig
+
+    fig, ax = pr_plot(m["pr_curve_by_rank"], lambda p: f"N={p['n']}")
+    ax.set(xlabel="recall R@N (macro, expected)", ylabel="precision P@N (macro, expected)",
+           title="PR curve by rank (labels: cut-off N)", xlim=(0, 1.02), ylim=(0, 1.02))
+    figs["pr_curve_by_rank"] = fig
 
     fig, ax = plt.subplots(figsize=(5, 4))
     ap = per_query["ap/expected"][evaluated]
@@ -189,6 +224,13 @@ CAPTIONS = {
                 "queries at each radius (labels: radius r). The curve does not depend on how ties are ordered.",
     "radius": "Macro precision P@r and recall R@r of the items within Hamming radius r, averaged over the evaluated "
               "queries (P@r = 0 for a query whose radius-r ball is empty).",
+    "precision_at_n": "Precision P@N and recall R@N of the top N items of the Hamming ranking against the cut-off N "
+                      "(log scale; N = 1, 2, 5, 10, ... up to the database size, and every K), averaged over the "
+                      "evaluated queries: lines expected over all orders of tied items, bands from the worst to the "
+                      "best tie order.",
+    "pr_curve_by_rank": "Precision-recall curve by rank: the points (R@N, P@N) over the same cut-offs N (labels: N), "
+                        "each expected over all orders of tied items and averaged over the evaluated queries (macro), "
+                        "as DeepHash-style evaluation code draws it.",
     "ap_distribution": "Distribution of per-query average precision over the full Hamming ranking, expected over "
                        "all orders of items tied at one distance.",
     "map_interval": "mAP under ties: any tie-breaking rule gives a value between worst (relevant items last in "

@@ -249,6 +249,19 @@ def ap_at_k_list(gr, k, normaliser):
     raise ValueError(normaliser)
 
 
+def ap_at_radius_list(gr, size):
+    """AP of the first ``size`` items (the radius-r set S_r, |S_r| = size, of a list sorted by distance):
+    sum of precision@i over its relevant items i, divided by how many there are (0 if none)."""
+    if _n_relevant(gr) == 0:
+        return None
+    hits, s = 0, Fraction(0)
+    for i, g in enumerate(gr[:size], start=1):
+        if g >= 1:
+            hits += 1
+            s += Fraction(hits, i)
+    return Fraction(0) if hits == 0 else s / hits
+
+
 def precision_at_k_list(gr, k):
     """P@K = (relevant among the first K) / K."""
     return Fraction(_n_relevant(gr[:k]), k)
@@ -305,6 +318,7 @@ LIST_METRICS = {
     "ap_at_k": lambda gr, k, normaliser: ap_at_k_list(gr, k, normaliser),
     "precision_at_k": lambda gr, k: precision_at_k_list(gr, k),
     "recall_at_k": lambda gr, k: recall_at_k_list(gr, k),
+    "ap_at_radius": lambda gr, size: ap_at_radius_list(gr, size),
     "ndcg_at_k": lambda gr, k: ndcg_list(gr, k),
     "ndcg_structhash_at_k": lambda gr, k: ndcg_structhash_list(gr, k),
 }
@@ -511,6 +525,13 @@ def radius_counts(dist, grade, r):
         tp += inside and relevant
         R += relevant
     return tp, size, R
+
+
+def ap_at_radius_items(dist, grade, r, policy):
+    """AP within radius r under a tie policy: the first |S_r| items of every ranked list (the list is sorted
+    by distance, so they are S_r whatever the tie order), by enumeration (:func:`policy_exact`)."""
+    _, size, _ = radius_counts(dist, grade, r)
+    return policy_exact("ap_at_radius", dist, grade, policy, size=size)
 
 
 def precision_at_radius_items(dist, grade, r):

@@ -12,6 +12,7 @@ from hashdist.api import evaluate_local, prepare
 from hashdist.bits import ball_volumes
 from hashdist.cache import BlockCache
 from hashdist.engine import Partials, finish, query_block_metrics, run_blocks, run_local, work_shares
+from hashdist.metrics.ranking import cutoff_grid
 from hashdist.metrics.registry import MEASURES, lookup, per_query_key
 
 
@@ -48,8 +49,9 @@ def test_every_registered_measure_is_in_the_report_and_per_query(multilabel_data
     assert set(m) == {x.key for x in MEASURES}
     for measure in MEASURES:
         values = [None] if measure.parameter is None else list(m[measure.key])
-        assert values == [None] or values == [str(v) for v in {"k": [5, 50], "radius": [0, 3],
-                                                               "hashtable": ["8x2"]}[measure.parameter]]
+        grid = cutoff_grid([5, 50], 3000)  # the fixture's database size
+        assert values == [None] or values == [str(v) for v in {"k": [5, 50], "radius": [0, 3], "hashtable": ["8x2"],
+                                                               "cutoff": grid}[measure.parameter]]
         for value in values:
             for variant in measure.variants or (None,):
                 v = lookup(m, measure, value, variant)

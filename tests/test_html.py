@@ -83,7 +83,7 @@ def test_report_page_in_chromium(multilabel_dataset, tmp_path):
     ev = evaluate_local(multilabel_dataset, cache=False, k=[5, 50], hashtable=["8x2"])
     out = ev.write(tmp_path / "report")
     view = rendered(out / "report.html", tmp_path)
-    assert view["images"] == view["decoded"] == 5
+    assert view["images"] == view["decoded"] == 7
     assert all(len(caption) > 60 for caption in view["captions"]), view["captions"]  # says what and which convention
     ranked = _table(view, "Ranking by Hamming distance")
     assert ranked["header"] == ["metric", "expected", "best", "worst"]

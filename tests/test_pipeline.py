@@ -142,7 +142,7 @@ def test_report_outputs(class_dataset, tmp_path):
     assert set(report["metrics"]["map"]) == {"expected", "best", "worst"}
     assert "retrieved" in report["metrics"]["map_at_k"]["10"]
     html = (out / "report.html").read_text()
-    assert html.count("data:image/png;base64,") == 5
+    assert html.count("data:image/png;base64,") == 7  # PR, radius, P@N, PR by rank, AP, mAP interval, code usage
     import zarr
 
     per_query = zarr.open_group(str(out / "per_query.zarr"), mode="r")

@@ -12,7 +12,9 @@ the extremes, and its bounds are found as docs/metrics.md section 4 says. Grade
 
 from __future__ import annotations
 
+import contextlib
 import math
+import threading
 
 import numpy as np
 from numba import njit
@@ -37,8 +39,28 @@ def _check_k(k) -> int:
     return int(k)
 
 
+_shared = threading.local()
+
+
+@contextlib.contextmanager
+def counts_shared(H: np.ndarray):
+    """Within the block, :func:`group_counts` of this very array is computed once (per thread).
+
+    The summary computes dozens of measures of one histogram; the array must not change meanwhile.
+    """
+    previous = getattr(_shared, "entry", None)
+    _shared.entry = (H, _group_counts(np.ascontiguousarray(H, dtype=np.int64)))
+    try:
+        yield
+    finally:
+        _shared.entry = previous
+
+
 def group_counts(H: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Items n[q, d] and relevant items r[q, d] at each distance."""
+    entry = getattr(_shared, "entry", None)
+    if entry is not None and entry[0] is H:
+        return entry[1]
     return _group_counts(np.ascontiguousarray(H, dtype=np.int64))
 
 
@@ -201,10 +223,7 @@ def _ap_at_k(n, r, K, normaliser, policy, out):
                 out[q] = _retrieved_extreme(policy, Nb, n[q, b], r[q, b], Rp, m, S)
             continue
         S += _group_precision_sum(policy, Nb, n[q, b], r[q, b], Rp, m)
-        if normaliser == _RETRIEVED:
-            hits = Rp + _relevant_in_slots(policy, n[q, b], r[q, b], m)
-            out[q] = S / hits if hits > 0 else 0.0
-        elif normaliser == _MIN_K_R:
+        if normaliser == _MIN_K_R:
             out[q] = S / min(K, R)
         else:
             out[q] = S / R
@@ -258,6 +277,58 @@ def recall_at_k(H, k, policy: str = "expected") -> np.ndarray:
     hits, R = _hits(H, k, policy)
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(R > 0, hits / np.maximum(R, 1), np.nan)
+
+
+
+def cutoff_grid(ks, n_all: int | None) -> tuple[int, ...]:
+    """The cut-offs N of the curves over N (docs/metrics.md, section 4), sorted: 1, 2, 5, 10, 20, 50, ...
+    up to ``n_all`` (the largest database size of any query), ``n_all`` itself, and every K.
+
+    Run-wide only (never one block's). Without ``n_all`` the 1-2-5 steps run up to the largest K.
+    """
+    ks = tuple(_check_k(k) for k in ks)
+    top = max(ks, default=0) if n_all is None else int(n_all)
+    grid = set(ks) | ({top} if top >= 1 else set())
+    step = 1
+    while step <= top:
+        grid.update(m * step for m in (1, 2, 5) if m * step <= top)
+        step *= 10
+    return tuple(sorted(grid))
+
+
+# -- AP within a Hamming radius ------------------------------------------------
+
+
+@njit(nogil=True, cache=True)
+def _ap_at_radius(n, r, radius, policy, out):
+    for q in range(n.shape[0]):
+        if r[q].sum() == 0:
+            out[q] = np.nan
+            continue
+        N = 0
+        Rp = 0
+        s = 0.0
+        for d in range(radius + 1):
+            s += _group_precision_sum(policy, N, n[q, d], r[q, d], Rp, n[q, d])
+            N += n[q, d]
+            Rp += r[q, d]
+        out[q] = s / Rp if Rp > 0 else 0.0
+
+
+def average_precision_at_radius(H, radius, policy: str = "expected") -> np.ndarray:
+    """AP of the list cut to S_r = {d <= r} over the relevant items in it, TP_r; 0 when TP_r = 0.
+
+    This is AP@K 'retrieved' at K = |S_r| (docs/metrics.md, section 4); the cut falls between tie groups, so
+    the normaliser TP_r does not depend on the order and best/worst are the relevant-first/relevant-last
+    orders. NaN where the query has no relevant item.
+    """
+    nbits = np.shape(H)[1] - 1
+    if int(radius) != radius or not 0 <= radius <= nbits:
+        raise ValueError(f"radius must be an integer in 0..{nbits}, got {radius!r}")
+    n, r = group_counts(H)
+    out = np.empty(n.shape[0])
+    _ap_at_radius(n, r, int(radius), _policy(policy), out)
+    return out
 
 
 # -- NDCG ----------------------------------------------------------------------

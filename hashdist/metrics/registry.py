@@ -1,13 +1,15 @@
 """Every reported metric, declared once (docs/metrics.md defines them).
 
 A :class:`Measure` names a metric's report key, its parameter (a cut-off K, a
-Hamming radius, a hashtable setting or none), its variants (AP@K's normalisers),
-whether it has tie policies, its display label, a one-line description, and the
-pure function that computes it: either per query from the histogram (then the
-report holds its mean over the evaluated queries) or from counts summed over the
-evaluated queries (micro measures). The summary, the terminal and HTML tables,
-the comparison, Prefect artifacts and per-query storage all read this table, so
-adding a metric means adding one :class:`Measure` and its function.
+cut-off N of the curves over N, a Hamming radius, a hashtable setting or none),
+its variants (AP@K's normalisers), whether it has tie policies, its display label,
+a one-line description, and the pure function that computes it: either per query
+from the histogram (then the report holds its mean over the evaluated queries),
+or from counts summed over the evaluated queries (micro measures), or from the
+aggregated values of measures declared before it (the PR curve by rank). The
+summary, the terminal and HTML tables, the comparison, Prefect artifacts and
+per-query storage all read this table, so adding a metric means adding one
+:class:`Measure` and its function.
 
 Report layout: ``metrics[key][str(parameter value)][variant][policy]``, each level
 present only when the measure has it (``metrics.map.expected``,
@@ -31,11 +33,12 @@ class Measure:
     key: str
     label: str  # "{}" stands for the parameter value, e.g. "P@{}"
     description: str
-    parameter: str | None = None  # "k", "radius", "hashtable" or None
+    parameter: str | None = None  # "k", "cutoff" (the grid of N), "radius", "hashtable" or None
     variants: tuple[str, ...] = ()
     policies: tuple[str, ...] = ()  # POLICIES for order-dependent measures
     per_query: Callable | None = None  # (H, max_bucket, value, variant, policy) -> per-query array (NaN: undefined)
     from_totals: Callable | None = None  # (totals, value, beta) -> number or dict, micro over evaluated queries
+    from_metrics: Callable | None = None  # (metrics) -> value, from the aggregated values of measures before it
     fields: tuple[str, ...] = ()  # the fields of a dict value shown in tables
     queries: str = "evaluated"  # the mean runs over "evaluated" queries or those "with_irrelevant" items too
     headline: bool = False  # a column of the comparison leaderboard and a row of the Prefect artifact
@@ -46,8 +49,8 @@ class Measure:
     curve: bool = False  # a list of points, plotted rather than tabulated
 
     def values(self, params) -> tuple:
-        """The parameter values a run reports: its K, its radii, its hashtable settings, or (None,)."""
-        return {None: (None,), "k": params.ks, "radius": params.radii,
+        """The parameter values a run reports: its K, its cut-offs N, its radii, its hashtable settings, or (None,)."""
+        return {None: (None,), "k": params.ks, "cutoff": params.cutoffs, "radius": params.radii,
                 "hashtable": params.hashtables}[self.parameter]
 
     def label_for(self, value=None, variant=None) -> str:
@@ -98,6 +101,12 @@ def _retrieved_nothing(totals, r, beta):
     return int(totals["empty"][r])
 
 
+def _pr_curve_by_rank(metrics):
+    """(R@N, P@N) at every cut-off N, the expected values, each macro over the evaluated queries as reported."""
+    return [{"n": int(n), "precision": p["expected"], "recall": metrics["recall_at_n"][n]["expected"]}
+            for n, p in metrics["precision_at_n"].items()]
+
+
 MEASURES: tuple[Measure, ...] = (
     Measure("map", "mAP", "mean average precision over the full Hamming ranking", policies=POLICIES,
             per_query=lambda H, M, _, variant, policy: rk.average_precision(H, policy), headline=True,
@@ -114,6 +123,12 @@ MEASURES: tuple[Measure, ...] = (
     Measure("ndcg_structhash_at_k", "NDCG-SH@{}", "StructHash's NDCG (eq. 21): binary gain, S(1) = 1, "
             "S(i) = 1/log2(i), over the sum of S(i) to K", parameter="k", policies=POLICIES,
             per_query=_ranked(rk.ndcg_structhash_at_k)),
+    Measure("precision_at_n", "P@N={}", "P@K at every cut-off N of the grid: 1, 2, 5, 10, 20, 50, ... up to the "
+            "database size, and every K", parameter="cutoff", policies=POLICIES, per_query=_ranked(rk.precision_at_k)),
+    Measure("recall_at_n", "R@N={}", "R@K at every cut-off N of the grid", parameter="cutoff", policies=POLICIES,
+            per_query=_ranked(rk.recall_at_k)),
+    Measure("pr_curve_by_rank", "PR curve by rank", "the points (R@N, P@N) over the grid of N, expected over tie "
+            "orders, macro over queries", from_metrics=_pr_curve_by_rank, curve=True),
     Measure("auc", "AUC", "fraction of (relevant, irrelevant) pairs ranked correctly, ties counting 1/2",
             per_query=lambda H, M, _, variant, policy: rk.roc_auc(H), queries="with_irrelevant", headline=True),
     Measure("precision_at_radius", "P@r={} (macro)", "relevant share of the items within radius r (0 if none)",
@@ -125,6 +140,10 @@ MEASURES: tuple[Measure, ...] = (
     Measure("micro_at_radius", "micro@r={}", "precision, recall and F-beta of the items within radius r, "
             "counts summed over queries", parameter="radius", from_totals=_micro,
             fields=("precision", "recall", "f_beta"), column="micro", headline=True),
+    Measure("map_at_radius", "mAP@r={}", "AP of the items within radius r, normalised by the relevant items among "
+            "them (0 if none)", parameter="radius", policies=POLICIES,
+            per_query=lambda H, M, r, variant, policy: rk.average_precision_at_radius(H, r, policy),
+            fields=("expected",), per_query_name="ap_at_radius", column="mAP"),
     Measure("mlgap_at_radius", "mLGAP@{}", "mean local group average precision: sum over k <= r of "
             "TP_k / (M_k V_k), over r + 1", parameter="radius",
             per_query=lambda H, M, r, variant, policy: rad.lgap_at_radius(H, M, r), headline=True,
@@ -141,7 +160,8 @@ MEASURES: tuple[Measure, ...] = (
 )
 
 BY_KEY = {m.key: m for m in MEASURES}
-FIELD_LABELS = {"precision": "P", "recall": "R", "f_beta": "F-beta", "step": "step", "trapezoid": "trapezoid"}
+FIELD_LABELS = {"precision": "P", "recall": "R", "f_beta": "F-beta", "step": "step", "trapezoid": "trapezoid",
+                "expected": "expected"}
 
 
 def headline_rows(metrics: dict, radius=None) -> list[tuple[str, dict]]:

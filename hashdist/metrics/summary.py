@@ -15,6 +15,10 @@ import numpy as np
 
 from hashdist.defaults import DEFAULT_BETA, DEFAULT_K, DEFAULT_RADII
 from hashdist.metrics import radius as rad
+from hashdist.metrics import ranking as rk
+from hashdist.metrics.conventions import BY_NAME
+from hashdist.metrics.conventions import per_query_values as convention_values
+from hashdist.metrics.ranking import counts_shared
 from hashdist.metrics.registry import MEASURES, per_query_key
 
 EMPTY_QUERY_RULES = ("exclude", "zero")
@@ -30,6 +34,8 @@ class MetricParams:
     empty_queries: str = "exclude"
     hashtables: tuple[str, ...] = ()  # "KxL" settings whose per-query counts the kernels supply
     max_grade: int | None = None  # the user's cap on graded relevance; None: uncapped (docs/metrics.md, section 5)
+    n_database: int | None = None  # database items (Nall): where the grid of cut-offs N ends
+    conventions: tuple[str, ...] = ()  # published scripts' mAP@K to reproduce (hashdist.metrics.conventions)
 
     def validate(self, nbits: int) -> None:
         from hashdist.errors import InputError
@@ -45,10 +51,18 @@ class MetricParams:
         if self.max_grade is not None and (isinstance(self.max_grade, bool) or int(self.max_grade) != self.max_grade
                                            or self.max_grade < 1):
             raise InputError(f"--max-grade must be a positive integer, got {self.max_grade}")
+        for name in self.conventions:
+            if name not in BY_NAME:
+                raise InputError(f"--convention {name!r}: unknown convention (known: {', '.join(BY_NAME)})")
 
     @property
     def max_radius(self) -> int:
         return max(self.radii)
+
+    @property
+    def cutoffs(self) -> tuple[int, ...]:
+        """The cut-offs N of P@N, R@N and the PR curve by rank: 1-2-5 steps up to Nall, Nall and every K."""
+        return rk.cutoff_grid(self.ks, self.n_database)
 
 
 def cap_grades(H: np.ndarray, cap: int) -> tuple[np.ndarray, np.ndarray]:
@@ -64,23 +78,26 @@ def per_query_metrics(H: np.ndarray, max_bucket: np.ndarray, params: MetricParam
     """Every per-query value of the registry's per-query measures, keyed by ``per_query_key``. NaN = undefined.
 
     Also the counts that micro measures sum: relevant items, items, and TP and |S_r| per radius; and
-    ``capped_pairs``, the relevant pairs whose grade the user's cap lowered.
+    ``capped_pairs``, the relevant pairs whose grade the user's cap lowered; and what the requested
+    conventions need besides (``hashdist.metrics.conventions.per_query_values``).
     """
     H = np.ascontiguousarray(H, dtype=np.int64)
     capped_pairs = np.zeros(H.shape[0], dtype=np.int64)
     if params.max_grade is not None:
         H, capped_pairs = cap_grades(H, params.max_grade)
-    tp, size, R = rad.retrieved_counts(H)
-    out: dict[str, np.ndarray] = {"relevant": R, "items": size[:, -1], "tp_at_radius": tp, "retrieved_at_radius": size,
-                                  "capped_pairs": capped_pairs}
-    for measure in MEASURES:
-        if measure.per_query is None:
-            continue
-        for value in measure.values(params):
-            for variant in measure.variants or (None,):
-                for policy in measure.policies or (None,):
-                    out[per_query_key(measure, value, variant, policy)] = measure.per_query(
-                        H, max_bucket, value, variant, policy)
+    with counts_shared(H):
+        tp, size, R = rad.retrieved_counts(H)
+        out: dict[str, np.ndarray] = {"relevant": R, "items": size[:, -1], "tp_at_radius": tp,
+                                      "retrieved_at_radius": size, "capped_pairs": capped_pairs}
+        for measure in MEASURES:
+            if measure.per_query is None:
+                continue
+            for value in measure.values(params):
+                for variant in measure.variants or (None,):
+                    for policy in measure.policies or (None,):
+                        out[per_query_key(measure, value, variant, policy)] = measure.per_query(
+                            H, max_bucket, value, variant, policy)
+        out.update(convention_values(H, params))
     return out
 
 
@@ -132,7 +149,9 @@ def aggregate(pq: dict[str, np.ndarray], params: MetricParams) -> tuple[dict, di
 
     metrics: dict = {}
     for measure in MEASURES:
-        if measure.parameter is None:
+        if measure.from_metrics is not None:
+            metrics[measure.key] = measure.from_metrics(metrics)
+        elif measure.parameter is None:
             metrics[measure.key] = by_variant(measure, None)
         else:
             metrics[measure.key] = {str(value): by_variant(measure, value) for value in measure.values(params)}

@@ -1,18 +1,45 @@
-"""What the flows share: Prefect task options, the Dask task runner, the progress bar."""
+"""What the flows share: Prefect defaults and task options, the Dask task runner, the progress bar, CLI plumbing."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
+import subprocess
 import sys
 
-from prefect.cache_policies import NO_CACHE
-from prefect.context import FlowRunContext
-from prefect_dask import DaskTaskRunner
+
+def set_prefect_defaults() -> None:
+    """hashdist's defaults for Prefect settings, before Prefect loads them; the environment still wins.
+
+    No telemetry (it fails without network and logs an ERROR on every run), and time for the
+    temporary API server to start on a loaded machine (Prefect's default limit is 20 s).
+    """
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
+
+
+set_prefect_defaults()
+
+from prefect.cache_policies import NO_CACHE  # noqa: E402
+from prefect.context import FlowRunContext  # noqa: E402
+from prefect.logging.configuration import ensure_logging_setup  # noqa: E402
+from prefect.settings import PREFECT_API_URL, get_current_settings  # noqa: E402
+from prefect_dask import DaskTaskRunner  # noqa: E402
+
+from hashdist.errors import InputError  # noqa: E402
+
+
+def retry_unless_bad_input(task, task_run, state) -> bool:
+    """Prefect's ``retry_condition_fn``: retry transient faults, never bad input (it would fail again)."""
+    return not isinstance(state.data, InputError)
+
 
 # Results travel through Dask, never through Prefect's result storage: no caching,
 # no persistence. Retries cover transient worker faults.
-TASK_OPTIONS = dict(cache_policy=NO_CACHE, persist_result=False, retries=2, retry_delay_seconds=1)
+TASK_OPTIONS = dict(cache_policy=NO_CACHE, persist_result=False, retries=2, retry_delay_seconds=1,
+                    retry_condition_fn=retry_unless_bad_input)
 
 
 def cluster_threads() -> int:
@@ -22,26 +49,145 @@ def cluster_threads() -> int:
 
 
 def progress_bar(total: int, enabled: bool):
+    """A tqdm bar on stderr, shown only when enabled and stderr is a terminal."""
     from tqdm import tqdm
 
-    return tqdm(total=total, unit="block", file=sys.stderr, disable=not enabled, dynamic_ncols=True)
+    return tqdm(total=total, unit="block", file=sys.stderr, disable=None if enabled else True, dynamic_ncols=True)
+
+
+def environment_cluster_kwargs() -> dict | None:
+    """$HASHDIST_CLUSTER_KWARGS (a JSON object), None when unset; a malformed value is an InputError."""
+    text = os.environ.get("HASHDIST_CLUSTER_KWARGS")
+    if not text:
+        return None
+    try:
+        kwargs = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"$HASHDIST_CLUSTER_KWARGS is not valid JSON: {exc}") from None
+    if not isinstance(kwargs, dict):
+        raise InputError("$HASHDIST_CLUSTER_KWARGS must be a JSON object")
+    return kwargs
+
+
+def _settle(address, cluster_class, cluster_kwargs, workers, threads) -> DaskTaskRunner:
+    """The runner these arguments describe, unset ones taken from $HASHDIST_* now."""
+    address = address or os.environ.get("HASHDIST_DASK_ADDRESS")
+    cluster_class = cluster_class or os.environ.get("HASHDIST_CLUSTER_CLASS")
+    if cluster_kwargs is None:
+        cluster_kwargs = environment_cluster_kwargs()
+    if address:
+        return DaskTaskRunner(address=address)
+    if cluster_class:
+        return DaskTaskRunner(cluster_class=cluster_class, cluster_kwargs=cluster_kwargs or {})
+    # threads: the kernels release the GIL, and a thread worker needs no Prefect server of its own; no
+    # dashboard, and the scheduler's HTTP server on a free loopback port (8787 may be another cluster's)
+    kwargs = {"n_workers": workers or 1, "threads_per_worker": threads or os.cpu_count() or 1, "processes": False,
+              "dashboard_address": None, "scheduler_kwargs": {"dashboard_address": "127.0.0.1:0"}}
+    return DaskTaskRunner(cluster_kwargs={**kwargs, **(cluster_kwargs or {})})
+
+
+class EnvironmentTaskRunner(DaskTaskRunner):
+    """A DaskTaskRunner that settles its cluster inside the flow run, when the flow first needs it.
+
+    So a malformed $HASHDIST_* variable fails that run (Prefect marks it Failed, naming the
+    variable), never the import of the flow's module, whose decorator builds its default runner.
+    """
+
+    def __init__(self, address=None, cluster_class=None, cluster_kwargs=None, workers=None, threads=None):
+        super().__init__()
+        self.arguments = dict(address=address, cluster_class=cluster_class, cluster_kwargs=cluster_kwargs,
+                              workers=workers, threads=threads)
+
+    def duplicate(self) -> EnvironmentTaskRunner:
+        return type(self)(**self.arguments)
+
+    @property
+    def client(self):
+        if not self._client:
+            settled = _settle(**self.arguments)
+            self.address, self.cluster_class = settled.address, settled.cluster_class
+            self.resolved_cluster_class, self.cluster_kwargs = settled.resolved_cluster_class, settled.cluster_kwargs
+        return super().client
 
 
 def task_runner(address=None, cluster_class=None, cluster_kwargs=None, workers=None, threads=None) -> DaskTaskRunner:
     """An existing cluster (address), a per-run cluster (cluster_class), or the embedded LocalCluster of threads.
 
     Unset arguments fall back to $HASHDIST_DASK_ADDRESS, $HASHDIST_CLUSTER_CLASS and
-    $HASHDIST_CLUSTER_KWARGS (JSON): that is how a deployed, scheduled run finds its cluster.
+    $HASHDIST_CLUSTER_KWARGS (JSON), read when the run starts: that is how a deployed,
+    scheduled run finds its cluster.
     """
-    address = address or os.environ.get("HASHDIST_DASK_ADDRESS")
-    cluster_class = cluster_class or os.environ.get("HASHDIST_CLUSTER_CLASS")
-    if cluster_kwargs is None and os.environ.get("HASHDIST_CLUSTER_KWARGS"):
-        cluster_kwargs = json.loads(os.environ["HASHDIST_CLUSTER_KWARGS"])
-    if address:
-        return DaskTaskRunner(address=address)
-    if cluster_class:
-        return DaskTaskRunner(cluster_class=cluster_class, cluster_kwargs=cluster_kwargs or {})
-    # threads: the kernels release the GIL, and a thread worker needs no Prefect server of its own
-    kwargs = {"n_workers": workers or 1, "threads_per_worker": threads or os.cpu_count() or 1, "processes": False,
-              "dashboard_address": None}
-    return DaskTaskRunner(cluster_kwargs={**kwargs, **(cluster_kwargs or {})})
+    return EnvironmentTaskRunner(address, cluster_class, cluster_kwargs, workers, threads)
+
+
+class _DropBadInput(logging.Filter):
+    """Drops Prefect's records about an InputError: the CLI reports bad input in one line of its own."""
+
+    # how a failed run's final state names its exception (prefect.states.exception_to_failed_state)
+    STATE_MESSAGE = f"exception {InputError.__name__}: "
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and isinstance(record.exc_info[1], InputError):
+            return False
+        return self.STATE_MESSAGE not in record.getMessage()
+
+
+# Prefect's temporary API server runs this: it exits as soon as the process that started it is gone
+# (killed by any signal), then runs uvicorn's command line with the arguments Prefect gives it.
+_ORPHAN_GUARD = """\
+import os, sys, threading, time
+parent = int(sys.argv.pop(1))
+def guard():
+    while os.getppid() == parent:
+        time.sleep(0.2)
+    os._exit(1)
+threading.Thread(target=guard, daemon=True).start()
+from uvicorn.main import main
+sys.argv[0] = "uvicorn"
+main()
+"""
+
+
+def _guard_api_server() -> None:
+    """Makes the temporary API server that Prefect starts on first use one whose process dies with this one."""
+    import prefect
+    from prefect.server.api.server import SubprocessASGIServer
+
+    class GuardedAPIServer(SubprocessASGIServer):
+        def _run_uvicorn_command(self) -> subprocess.Popen:
+            # as SubprocessASGIServer._run_uvicorn_command (Prefect 3.8), behind the orphan guard
+            args = ["--app-dir", str(prefect.__module_path__.parent), "--factory",
+                    "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(self.port),
+                    "--log-level", "error", "--lifespan", "on"]
+            env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1",
+                   "PREFECT__SERVER_FINAL": "1", **get_current_settings().to_environment_variables(exclude_unset=True)}
+            return subprocess.Popen([sys.executable, "-c", _ORPHAN_GUARD, str(os.getpid()), *args], env=env)
+
+    # Prefect keeps one server per port; its clients start the one without a port, SubprocessASGIServer(),
+    # which from now on is this one (unless a server is already registered)
+    GuardedAPIServer()
+
+
+@contextlib.contextmanager
+def cli_run(debug: bool):
+    """The command line's flow run: bad input is reported before anything starts, in one line of the CLI's own.
+
+    Checks $HASHDIST_CLUSTER_KWARGS; without PREFECT_API_URL, makes the temporary API server
+    that Prefect starts on first use a process that ends with this one (SIGKILL included);
+    unless ``debug``, keeps Prefect's records about bad input off the console meanwhile.
+    """
+    environment_cluster_kwargs()
+    if not PREFECT_API_URL.value():
+        _guard_api_server()
+    if debug:
+        yield
+        return
+    ensure_logging_setup()
+    handlers, drop = list(logging.getLogger().handlers), _DropBadInput()
+    for handler in handlers:
+        handler.addFilter(drop)
+    try:
+        yield
+    finally:
+        for handler in handlers:
+            handler.removeFilter(drop)

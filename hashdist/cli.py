@@ -7,6 +7,7 @@ nothing is written. ``--debug`` shows tracebacks.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -357,10 +358,13 @@ def main(argv=None) -> int:
     # Prefect's INFO lines would drown the table; PREFECT_LOGGING_LEVEL still wins when set
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
     os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "warning")
-    # the ephemeral API takes 10-20 s to start on a loaded 2-core machine; Prefect's default limit is 20 s
-    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
     try:
-        message = COMMANDS[args.command][1](args)
+        with contextlib.ExitStack() as stack:
+            if getattr(args, "engine", None) == "flow":
+                from flows import runtime  # importing it sets hashdist's Prefect defaults before Prefect loads
+
+                stack.enter_context(runtime.cli_run(debug=args.debug))
+            message = COMMANDS[args.command][1](args)
     except InputError as exc:
         if args.debug:
             raise

@@ -1,0 +1,188 @@
+"""The flow engine as the CLI runs it: bad input in one line, no telemetry errors, no process outliving
+the CLI, and a malformed cluster variable failing the run rather than the import."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from hashdist.errors import InputError
+from tests.conftest import make_dataset
+
+HASHDIST = str(Path(sys.executable).parent / "hashdist")
+
+
+@pytest.fixture
+def cli_env(tmp_path):
+    """The CLI's environment: Prefect's temporary API server (no PREFECT_API_URL), an empty block cache."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "HASHDIST_CLUSTER_KWARGS")}
+    return {**env, "HASHDIST_CACHE": str(tmp_path / "cache")}
+
+
+@pytest.fixture(scope="module")
+def long_dataset(tmp_path_factory):
+    """Enough pairs (4e8) that a flow run still computes for seconds after its API server is up."""
+    from hashdist.synth import synth_dataset
+
+    out = tmp_path_factory.mktemp("long") / "data.zarr"
+    synth_dataset(out, n_database=200_000, n_queries=2000, nbits=64, seed=0)
+    return str(out)
+
+
+def hashdist(env, *args):
+    return subprocess.run([HASHDIST, *map(str, args)], env=env, capture_output=True, text=True, timeout=300)
+
+
+def nonblank(text):
+    return [line for line in text.splitlines() if line.strip()]
+
+
+def test_bad_input_in_a_task_is_one_line_and_not_retried(tmp_path, cli_env):
+    dataset = Path(make_dataset(tmp_path))
+    chunk = sorted((dataset / "database" / "codes").rglob("c/*/*"))[0]
+    data = bytearray(chunk.read_bytes())
+    data[-1] ^= 0xFF
+    chunk.write_bytes(bytes(data))
+    out = tmp_path / "report"
+    run = hashdist(cli_env, "evaluate", dataset, "--out", out)
+    assert run.returncode == 2, run.stderr
+    lines = nonblank(run.stderr)
+    assert len(lines) == 1, run.stderr
+    assert lines[0].startswith("hashdist evaluate: error: ") and "database/codes" in lines[0], lines[0]
+    assert "chunk 0" in lines[0], lines[0]
+    for text in (run.stderr, run.stdout):
+        assert "Retries" not in text and "Traceback" not in text, text
+    assert not out.exists()
+
+
+def test_tasks_retry_transient_faults_but_not_bad_input():
+    from prefect import Task
+    from prefect.states import Failed
+
+    import flows.evaluate
+    import flows.groundtruth
+
+    tasks = [v for m in (flows.evaluate, flows.groundtruth) for v in vars(m).values() if isinstance(v, Task)]
+    assert len(tasks) >= 3
+    for task in tasks:
+        retry = task.retry_condition_fn  # what Prefect's task engine asks before a retry
+        assert retry is not None, task.name
+        assert not retry(task, None, Failed(data=InputError("database/codes chunk 0 is corrupt"))), task.name
+        assert retry(task, None, Failed(data=ConnectionError("worker lost"))), task.name
+
+
+# Two shutdown races outside hashdist can each print one ERROR line under load (about 1 run in 30 here): Dask's
+# worker heartbeat while the LocalCluster closes (dask/distributed#7105) and SQLAlchemy's pool reset while
+# Prefect's temporary server stops. Both come after the report is written; every other ERROR line fails the test.
+KNOWN_SHUTDOWN_RACES = ("Failed to communicate with scheduler during heartbeat", "Exception during reset")
+
+
+def test_successful_run_logs_no_error(tmp_path, cli_env, class_dataset):
+    run = hashdist(cli_env, "evaluate", class_dataset, "--out", tmp_path / "report")
+    assert run.returncode == 0, run.stderr
+    errors = [line for line in nonblank(run.stderr) + nonblank(run.stdout)
+              if "ERROR" in line and not any(race in line for race in KNOWN_SHUTDOWN_RACES)]
+    assert not errors, run.stderr
+    assert "telemetry" not in run.stderr
+
+
+def _listening(proc) -> bool:
+    try:
+        return any(c.status == psutil.CONN_LISTEN for c in proc.net_connections(kind="tcp"))
+    except psutil.Error:
+        return False
+
+
+def _running(procs):
+    """Those of ``procs`` still running (an exited process its new parent has not reaped yet is not)."""
+    alive = []
+    for proc in procs:
+        try:
+            if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+                alive.append(proc)
+        except psutil.NoSuchProcess:
+            pass
+    return alive
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL], ids=lambda s: s.name)
+def test_no_process_outlives_the_cli(tmp_path, cli_env, long_dataset, sig):
+    cmd = [HASHDIST, "evaluate", long_dataset, "--out", str(tmp_path / "report"), "--quiet", "--no-html"]
+    cli = subprocess.Popen(cmd, env=cli_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    started = []
+    try:
+        # wait until the CLI's API server listens: the flow run is then starting or running
+        deadline = time.monotonic() + 120
+        while cli.poll() is None and time.monotonic() < deadline and not any(map(_listening, started)):
+            time.sleep(0.1)
+            started = psutil.Process(cli.pid).children(recursive=True)
+        assert any(map(_listening, started)), "no API server came up"
+        started = psutil.Process(cli.pid).children(recursive=True)
+        assert cli.poll() is None, "the run ended before it could be interrupted"
+        cli.send_signal(sig)
+        cli.wait(timeout=60)
+        deadline = time.monotonic() + 30
+        while _running(started) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _running(started), [p.cmdline()[:3] for p in _running(started)]
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+            cli.wait(timeout=30)
+        for proc in _running(started):
+            proc.kill()
+
+
+def test_malformed_cluster_variable_fails_the_run_not_the_import(tmp_path, cli_env, class_dataset):
+    env = {**cli_env, "HASHDIST_CLUSTER_KWARGS": "{not json"}
+    code = "import flows.evaluate, flows.groundtruth, flows.compare"
+    imported = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert imported.returncode == 0, imported.stderr
+    out = tmp_path / "report"
+    run = hashdist(env, "evaluate", class_dataset, "--out", out)
+    assert run.returncode == 2, run.stderr
+    lines = nonblank(run.stderr)
+    assert len(lines) == 1 and "HASHDIST_CLUSTER_KWARGS" in lines[0], run.stderr
+    assert not out.exists()
+
+
+@pytest.mark.usefixtures("prefect_api")
+def test_deployed_run_fails_naming_a_malformed_cluster_variable(monkeypatch, class_dataset):
+    monkeypatch.setenv("HASHDIST_CLUSTER_KWARGS", "[1, 2]")
+    from flows.evaluate import evaluate
+
+    # a deployment runs the flow itself, on the task runner its decorator made at import
+    state = evaluate(dataset=class_dataset, cache=False, return_state=True)
+    assert state.is_failed() and "HASHDIST_CLUSTER_KWARGS must be a JSON object" in state.message, state
+    with pytest.raises(InputError, match="HASHDIST_CLUSTER_KWARGS"):
+        state.result()
+
+
+@pytest.mark.usefixtures("prefect_api")
+def test_cli_uses_a_configured_api_server_and_starts_none(tmp_path, cli_env, class_dataset):
+    from prefect.settings import PREFECT_API_URL
+
+    env = {**cli_env, "PREFECT_API_URL": PREFECT_API_URL.value()}
+    cli = subprocess.Popen([HASHDIST, "evaluate", class_dataset, "--out", str(tmp_path / "report"), "--quiet"],
+                           env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    started = set()
+    try:
+        deadline = time.monotonic() + 300
+        while cli.poll() is None and time.monotonic() < deadline:
+            try:
+                started.update(psutil.Process(cli.pid).children(recursive=True))
+            except psutil.NoSuchProcess:
+                break
+            time.sleep(0.1)
+        assert cli.wait(timeout=60) == 0, cli.stderr.read()
+        assert not started, [p.pid for p in started]
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+            cli.wait(timeout=30)
+        cli.stderr.close()

@@ -31,6 +31,8 @@ from hashdist.kernels.hashtable import hashtable_counts
 from hashdist.kernels.histogram import histogram_block
 from hashdist.metrics.summary import MetricParams, aggregate, concat_per_query, per_query_metrics
 
+METRIC_ROWS = 1024  # queries per metrics work item: threads share the work evenly, calls stay vectorised
+
 
 @dataclass(frozen=True)
 class CountBlock:
@@ -255,9 +257,10 @@ def code_table(plan: Plan, parts) -> CodeTable:
     return CodeTable(codes, counts, ball_lookup_table(codes, plan.nbits, plan.max_radius), bit_ones)
 
 
-def query_block_metrics(plan: Plan, q0: int, q1: int, partials: dict, table: CodeTable, params: MetricParams):
-    """M_k and every per-query value for one query block from its summed partial results."""
-    queries = open_dataset(plan.url).codes("queries", q0, q1)
+def query_block_metrics(plan: Plan, q0: int, q1: int, partials: dict, table: CodeTable, params: MetricParams,
+                        ds: Dataset | None = None):
+    """M_k and every per-query value for queries [q0, q1) from their summed partial results."""
+    queries = (ds or open_dataset(plan.url)).codes("queries", q0, q1)
     shells = partials["H"][:, : plan.max_radius + 1, :].sum(axis=2)
     M = max_bucket_within(queries, table.codes, table.counts, plan.nbits, plan.max_radius, table.slots, shells)
     per_query = per_query_metrics(partials["H"], M, params)
@@ -283,12 +286,15 @@ def finish(plan: Plan, params: MetricParams, partials: Partials, map_query_block
 
     ``map_query_blocks(items)`` returns ``query_block_metrics(plan, q0, q1, sums, table, params)`` for
     every item ``(q0, q1, sums, table)``, in order (a thread pool in this process, Prefect tasks in the
-    flow). Records reduce_s and metrics_s.
+    flow); an item is at most METRIC_ROWS queries of a query block, so threads share the work evenly
+    (per-query values do not depend on the grouping). Records reduce_s and metrics_s.
     """
     t0 = time.perf_counter()
     table = code_table(plan, partials.code_counts)
     t1 = time.perf_counter()
-    parts = map_query_blocks([(q0, q1, partials.sums[q0], table) for q0, q1 in plan.query_blocks])
+    items = [(q0 + a, q0 + b, {key: v[a:b] for key, v in partials.sums[q0].items()}, table)
+             for q0, q1 in plan.query_blocks for a, b in row_ranges(q1 - q0, METRIC_ROWS)]
+    parts = map_query_blocks(items)
     per_query = concat_per_query(list(parts))
     metrics, queries = aggregate(per_query, params)
     usage = code_usage(table.counts, table.bit_ones, int(table.counts.sum()), plan.nbits)
@@ -308,7 +314,8 @@ def run_local(plan: Plan, params: MetricParams, cache: BlockCache, *, threads: i
         partials = functools.reduce(
             Partials.merge, pool.map(lambda share: run_blocks(plan, *share, cache, progress), shares), Partials())
         t1 = time.perf_counter()
-        result = finish(plan, params, partials,
-                        lambda items: list(pool.map(lambda item: query_block_metrics(plan, *item, params), items)))
+        ds = open_dataset(plan.url)
+        result = finish(plan, params, partials, lambda items: list(
+            pool.map(lambda item: query_block_metrics(plan, *item, params, ds=ds), items)))
     result.timing = {"compute_s": t1 - t0, **result.timing}
     return result

@@ -28,7 +28,7 @@ from prefect.futures import as_completed
 from flows.runtime import TASK_OPTIONS, cluster_threads, progress_bar, task_runner
 from hashdist.api import Evaluation, build_report, prepare
 from hashdist.cache import resolve_cache
-from hashdist.defaults import DEFAULT_BETA, DEFAULT_K, DEFAULT_RADII
+from hashdist.defaults import DEFAULT_BETA, DEFAULT_RADII
 from hashdist.engine import Partials, finish, query_block_metrics, run_blocks, work_shares
 from hashdist.metrics.registry import headline_rows
 
@@ -75,7 +75,7 @@ def _metrics_on_cluster(plan, params, threads: int):
 def evaluate(
     dataset: str,
     out: str | None = None,
-    k: list[int] = DEFAULT_K,
+    k: list[int] | None = None,
     radius: list[int] = DEFAULT_RADII,
     beta: float = DEFAULT_BETA,
     empty_queries: str = "exclude",
@@ -85,6 +85,7 @@ def evaluate(
     db_block_rows: int | None = None,
     hashtable: list[str] = (),
     conventions: list[str] = (),
+    protocol: str | None = None,
     cache: str | bool | None = None,
     overwrite: bool = False,
     html: bool = True,
@@ -96,7 +97,7 @@ def evaluate(
     ds, params, plan, parameters = prepare(
         dataset, k=k, radius=radius, beta=beta, empty_queries=empty_queries, relevance=relevance,
         max_grade=max_grade, query_block_rows=query_block_rows, db_block_rows=db_block_rows, hashtable=hashtable,
-        conventions=conventions,
+        conventions=conventions, protocol=protocol,
     )
     cache_dir = resolve_cache(cache).directory
     cache_arg = False if cache_dir is None else str(cache_dir)

@@ -15,13 +15,14 @@ from hashdist.engine import Plan, RunResult, make_plan, run_local
 from hashdist.kernels.hashtable import parse_hashtable_spec
 from hashdist.metrics.conventions import conventions_report
 from hashdist.metrics.summary import MetricParams
+from hashdist.protocols import get_protocol, protocol_k
 from hashdist.report import REPORT_MARKER, provenance, write_outputs
 
 
 def prepare(
     dataset,
     *,
-    k=DEFAULT_K,
+    k=None,
     radius=DEFAULT_RADII,
     beta: float = DEFAULT_BETA,
     empty_queries: str = "exclude",
@@ -31,9 +32,19 @@ def prepare(
     db_block_rows: int | None = None,
     hashtable=(),
     conventions=(),
+    protocol: str | None = None,
 ) -> tuple[Dataset, MetricParams, Plan, dict]:
-    """Open and validate the dataset and parameters and plan the blocks; returns (ds, params, plan, parameters)."""
+    """Open and validate the dataset and parameters and plan the blocks; returns (ds, params, plan, parameters).
+
+    ``k=None``: the protocol's cut-offs with ``protocol`` (hashdist.protocols), else DEFAULT_K. A protocol
+    also adds its script's convention.
+    """
     ds = open_dataset(dataset)
+    if protocol is not None:
+        preset = get_protocol(protocol)
+        k = protocol_k(preset, ds.n_database) if k is None else k
+        conventions = tuple(dict.fromkeys((*conventions, preset.convention)))
+    k = DEFAULT_K if k is None else k
     hashtables = tuple(parse_hashtable_spec(spec, ds.nbits) for spec in hashtable)
     settings = tuple(f"{bits}x{tables}" for bits, tables in hashtables)
     params = MetricParams(tuple(k), tuple(radius), float(beta), empty_queries, settings, max_grade, ds.n_database,
@@ -57,6 +68,7 @@ def prepare(
         "query_block_rows": plan.query_block_rows,
         "db_block_rows": plan.db_block_rows,
         "hashtable": list(settings),
+        "protocol": protocol,
         "conventions": list(params.conventions),
     }
     return ds, params, plan, parameters

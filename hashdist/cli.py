@@ -15,6 +15,7 @@ import sys
 from hashdist.defaults import DEFAULT_K, DEFAULT_RADII
 from hashdist.errors import InputError
 from hashdist.metrics.conventions import CONVENTIONS
+from hashdist.protocols import PROTOCOLS
 
 DESCRIPTION = """\
 Exact, tie-aware evaluation of binary hash codes for retrieval.
@@ -46,7 +47,7 @@ def _add_ingest(sub):
         "rows with --packed --nbits B; .npy files are memory-mapped and streamed. Labels: 1-D integers are "
         "classes, 2-D 0/1 is multi-label.",
     )
-    p.add_argument("--db-codes", required=True, metavar="DB.npy")
+    p.add_argument("--db-codes", metavar="DB.npy", help="required unless --splits")
     p.add_argument("--query-codes", metavar="Q.npy", help="required unless --append")
     p.add_argument("--db-labels", metavar="DBL.npy")
     p.add_argument("--query-labels", metavar="QL.npy")
@@ -59,6 +60,15 @@ def _add_ingest(sub):
     p.add_argument("--chunk-rows", type=int, default=65536, help="database rows per Zarr chunk (default 65536)")
     p.add_argument("--query-chunk-rows", type=int, default=1024, help="query rows per Zarr chunk (default 1024)")
     p.add_argument("--append", action="store_true", help="append --db-codes (and --db-labels) to the dataset at --out")
+    p.add_argument("--codes", metavar="ALL.npy", help="with --splits: the pooled codes of every item")
+    p.add_argument("--labels", metavar="ALL_LABELS.npy", help="with --splits: the pooled labels of every item")
+    p.add_argument("--splits", metavar="SPLITS.zarr",
+                   help="take one run of a `hashdist split` store: queries = its test queries, database = its "
+                   "database (standard) or test database (improved)")
+    p.add_argument("--strategy", choices=["standard", "improved"], help="with --splits: the split strategy")
+    p.add_argument("--run", type=int, help="with --splits: the run index, 0..T-1")
+    p.add_argument("--validation", action="store_true",
+                   help="with --splits: the validation queries and validation database instead of the test pair")
     p.add_argument("--overwrite", action="store_true", help="replace an existing dataset at --out")
     p.add_argument("--out", required=True, metavar="DATASET.zarr")
 
@@ -66,6 +76,12 @@ def _add_ingest(sub):
 def _run_ingest(a):
     from hashdist.ingest import append, ingest
 
+    if a.splits is not None:
+        return _ingest_split(a)
+    if a.codes is not None or a.labels is not None:
+        raise InputError("--codes and --labels go with --splits (use --db-codes and --query-codes otherwise)")
+    if a.db_codes is None:
+        raise InputError("--db-codes is required (or --splits with --codes and --labels)")
     if a.append:
         append(a.out, a.db_codes, a.db_labels, packed=a.packed)
         return f"appended {a.db_codes} to {a.out}"
@@ -78,6 +94,24 @@ def _run_ingest(a):
         chunk_rows=a.chunk_rows, query_chunk_rows=a.query_chunk_rows, overwrite=a.overwrite,
     )
     return f"wrote {a.out}"
+
+
+def _ingest_split(a):
+    from hashdist.ingest import ingest_split
+
+    for option in ("codes", "labels", "strategy", "run"):
+        if getattr(a, option) is None:
+            raise InputError(f"--splits needs --{option}")
+    for option in ("db_codes", "query_codes", "db_labels", "query_labels", "query_relevant", "db_features"):
+        if getattr(a, option) is not None:
+            raise InputError(f"--{option.replace('_', '-')} does not go with --splits (use --codes and --labels)")
+    if a.append:
+        raise InputError("--append does not go with --splits")
+    ingest_split(a.out, a.codes, a.labels, a.splits, strategy=a.strategy, run=a.run, validation=a.validation,
+                 packed=a.packed, nbits=a.nbits, chunk_rows=a.chunk_rows, query_chunk_rows=a.query_chunk_rows,
+                 overwrite=a.overwrite)
+    pair = "validation" if a.validation else "test"
+    return f"wrote {a.out} ({a.strategy} run {a.run}, {pair} queries and database of {a.splits})"
 
 
 def _add_synth(sub):
@@ -105,14 +139,34 @@ def _add_synth(sub):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--chunk-rows", type=int)
     p.add_argument("--overwrite", action="store_true")
+    p.add_argument("--pooled", action="store_true",
+                   help="write every item unsplit to --out DIR as codes.npy and labels.npy (for hashdist split "
+                   "and ingest --splits); the size is --n-database plus --n-queries")
+    p.add_argument("--splits", metavar="SPLITS.zarr",
+                   help="with --digits: queries and database of one run of a `hashdist split` store of the digits' "
+                   "labels, hashing learned on its training set")
+    p.add_argument("--strategy", choices=["standard", "improved"], help="with --splits")
+    p.add_argument("--run", type=int, help="with --splits: the run index")
+    p.add_argument("--validation", action="store_true", help="with --splits: the validation pair")
     p.add_argument("--out", required=True, metavar="DATASET.zarr")
 
 
 def _run_synth(a):
     from hashdist import synth
 
+    if a.splits is not None and not a.digits:
+        raise InputError("--splits goes with --digits")
     if a.digits:
         kwargs = {k: v for k, v in (("nbits", a.nbits), ("n_queries", a.n_queries)) if v is not None}
+        if a.pooled:
+            kwargs.pop("n_queries", None)
+            synth.digits_pooled(a.out, method=a.digits, seed=a.seed, overwrite=a.overwrite, **kwargs)
+            return f"wrote {a.out}/codes.npy and {a.out}/labels.npy (1797 digits)"
+        if a.splits is not None:
+            for option in ("strategy", "run"):
+                if getattr(a, option) is None:
+                    raise InputError(f"--splits needs --{option}")
+            kwargs.update(splits=a.splits, strategy=a.strategy, run=a.run, validation=a.validation)
         synth.digits_dataset(a.out, method=a.digits, seed=a.seed, overwrite=a.overwrite, **kwargs)
         return f"wrote {a.out}"
     if a.features:
@@ -133,6 +187,11 @@ def _run_synth(a):
     for name in ("n_database", "n_queries"):
         if name not in kwargs:
             raise InputError(f"--{name.replace('_', '-')} is required without --preset")
+    if a.pooled:
+        kwargs.pop("chunk_rows", None)
+        n_items = kwargs.pop("n_database") + kwargs.pop("n_queries")
+        synth.synth_pooled(a.out, n_items=n_items, seed=a.seed, overwrite=a.overwrite, **kwargs)
+        return f"wrote {a.out}/codes.npy and {a.out}/labels.npy ({n_items} items)"
     synth.synth_dataset(a.out, seed=a.seed, overwrite=a.overwrite, **kwargs)
     return f"wrote {a.out}"
 
@@ -175,8 +234,8 @@ def _add_evaluate(sub):
     )
     p.add_argument("dataset", metavar="DATASET")
     p.add_argument("--out", required=True, metavar="DIR")
-    p.add_argument("--k", type=int, nargs="+", default=list(DEFAULT_K),
-                   help=f"cut-offs K (default {' '.join(map(str, DEFAULT_K))})")
+    p.add_argument("--k", type=int, nargs="+",
+                   help=f"cut-offs K (default: the protocol's, else {' '.join(map(str, DEFAULT_K))})")
     p.add_argument("--radius", type=int, nargs="+", default=list(DEFAULT_RADII),
                    help=f"Hamming radii (default {' '.join(map(str, DEFAULT_RADII))})")
     p.add_argument("--beta", type=float, default=1.0, help="F-beta's beta (default 1)")
@@ -188,6 +247,9 @@ def _add_evaluate(sub):
                    "records the cap and how many relevant pairs it changed")
     p.add_argument("--hashtable", nargs="+", default=[], metavar="KxL",
                    help="hashtable-bucket paradigm: L tables of K-bit substrings, e.g. 8x8 16x4")
+    p.add_argument("--protocol", choices=[x.name for x in PROTOCOLS], metavar="NAME",
+                   help="a literature protocol: its mAP@K cut-offs (unless --k) and its script's convention; "
+                   + ", ".join(x.name for x in PROTOCOLS) + " (README: Evaluation protocols)")
     p.add_argument("--convention", action="append", default=[], choices=[c.name for c in CONVENTIONS],
                    metavar="NAME", help="also report mAP@K as a published script computes it (repeatable): "
                    + "; ".join(f"{c.name}: {c.reproduces}" for c in CONVENTIONS))
@@ -213,7 +275,7 @@ def _evaluate_into(a):
     options = dict(
         k=a.k, radius=a.radius, beta=a.beta, empty_queries=a.empty_queries, relevance=a.relevance,
         max_grade=a.max_grade, query_block_rows=a.query_block_rows, db_block_rows=a.db_block_rows,
-        hashtable=a.hashtable, conventions=a.convention,
+        hashtable=a.hashtable, conventions=a.convention, protocol=a.protocol,
     )
     cache = False if a.no_cache else a.cache
     if a.engine == "local":

@@ -300,3 +300,65 @@ def append(dataset, db_codes, db_labels=None, *, packed: bool = False) -> str:
         labels = _label_blocks(arr, db_labels, _check_append_labels(arr, db_labels, ds), rows)
     append_database_rows(ds.url, _code_blocks(db, db_codes, packed, width, rows), labels)
     return ds.url
+
+
+class _Rows:
+    """Rows ``indices`` (sorted) of a memory-mapped array, sliceable like an array: reads only those rows."""
+
+    def __init__(self, array: np.ndarray, indices: np.ndarray):
+        self.array, self.indices = array, indices
+        self.shape = (len(indices), *array.shape[1:])
+        self.ndim, self.dtype = array.ndim, array.dtype
+
+    def __getitem__(self, rows: slice) -> np.ndarray:
+        return np.asarray(self.array[self.indices[rows]])
+
+
+def split_roles(strategy: str, validation: bool) -> tuple[str, str]:
+    """(queries role, database role) of a split run: the test pair, or with ``validation`` the validation pair."""
+    if validation:
+        return "validation_queries", "validation_database"
+    return "test_queries", "database" if strategy == "standard" else "test_database"
+
+
+def ingest_split(out, codes, labels, splits, *, strategy: str, run: int, validation: bool = False,
+                 packed: bool = False, nbits: int | None = None, chunk_rows: int = DEFAULT_CHUNK_ROWS,
+                 query_chunk_rows: int = DEFAULT_QUERY_CHUNK_ROWS, overwrite: bool = False) -> str:
+    """Write the dataset of one split run from pooled code and label files (``hashdist ingest --splits``).
+
+    Queries are the run's test queries and the database its database (``standard``) or test database
+    (``improved``); with ``validation``, the validation queries and validation database. Rows are read
+    straight from the memory-mapped pooled files, chunk by chunk. The dataset records the split in its
+    ``split`` attribute (store, strategy, run, roles, seed and the digest of the two index arrays).
+    """
+    import zarr
+
+    from hashdist.dataset import chunk_digest, combine_digests
+    from hashdist.splits import read_split
+
+    roles = read_split(splits, strategy, run)  # validates the store, the strategy and the run index
+    attrs = dict(zarr.open_group(str(splits), mode="r").attrs)
+    query_role, db_role = split_roles(strategy, validation)
+    all_codes, all_labels = load_array(codes), load_array(labels)
+    n_items = attrs["n_items"]
+    for arr, path in ((all_codes, codes), (all_labels, labels)):
+        if arr.shape[0] != n_items:
+            raise InputError(f"{path}: {arr.shape[0]} rows but the splits in {splits} cover {n_items} items")
+    width = _code_width(all_codes, codes, packed, nbits)
+    kind = _label_kind(all_labels, labels)
+    if len(roles[query_role]) == 0 or len(roles[db_role]) == 0:
+        raise InputError(f"--strategy {strategy} --run {run}: the {query_role} or {db_role} set of {splits} is empty")
+    record = {"splits": str(splits), "strategy": strategy, "run": int(run), "queries": query_role,
+              "database": db_role, "seed": attrs["seed"],
+              "indices_sha256": combine_digests((chunk_digest(roles[query_role]), chunk_digest(roles[db_role])))}
+    n_labels = all_labels.shape[1] if kind == "multilabel" else 0
+    with DatasetWriter(out, nbits=width, relevance=(kind,), n_labels=n_labels, chunk_rows=chunk_rows,
+                       query_chunk_rows=query_chunk_rows, overwrite=overwrite, extra_attrs={"split": record}) as writer:
+        for part, role in (("database", db_role), ("queries", query_role)):
+            rows = writer.chunk_rows[part]
+            for words in _code_blocks(_Rows(all_codes, roles[role]), codes, packed, width, rows):
+                writer.add_codes(part, words)
+            for block in _label_blocks(_Rows(all_labels, roles[role]), labels, kind, rows):
+                writer.add_labels(part, block)
+    return str(out)
+

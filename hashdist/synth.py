@@ -24,9 +24,11 @@ features (``hashdist groundtruth``).
 from __future__ import annotations
 
 import numbers
+from pathlib import Path
 
 import numpy as np
 
+from hashdist.atomic import staged_directory
 from hashdist.bits import n_words, pack_bits, unpack_bits
 from hashdist.dataset import (
     DEFAULT_CHUNK_ROWS,
@@ -267,6 +269,49 @@ def synth_dataset(
     return writer.url
 
 
+def _write_pooled(out, n: int, nbits: int, label_shape: tuple, label_dtype, blocks, overwrite: bool) -> str:
+    """DIR/codes.npy ((n, nbits) uint8 0/1) and DIR/labels.npy from (code bits, labels) row blocks, staged."""
+    out = Path(out)
+    if out.exists() and not overwrite:
+        raise InputError(f"{out}: output exists (pass --overwrite to replace it)")
+    with staged_directory(out) as tmp:
+        codes = np.lib.format.open_memmap(tmp / "codes.npy", mode="w+", dtype=np.uint8, shape=(n, nbits))
+        labels = np.lib.format.open_memmap(tmp / "labels.npy", mode="w+", dtype=label_dtype, shape=(n, *label_shape))
+        start = 0
+        for bits, lab in blocks:
+            codes[start : start + len(bits)] = bits
+            labels[start : start + len(bits)] = lab
+            start += len(bits)
+        codes.flush()
+        labels.flush()
+        del codes, labels
+    return str(out)
+
+
+def synth_pooled(out, *, n_items: int, nbits: int = 64, labels: str = "multilabel", n_classes: int = 10,
+                 n_concepts: int = 24, labels_per_item: float = 1.9, noise: float = 0.15, collision: float = 0.0,
+                 seed: int = 0, overwrite: bool = False) -> str:
+    """Every item of a synthetic dataset, unsplit (``hashdist synth --pooled DIR``), for ``hashdist split``:
+    DIR/codes.npy ((N, B) uint8 0/1) and DIR/labels.npy (class ids, or (N, concepts) uint8 multi-hot)."""
+    n_items = _int_opt(n_items, "--n-items", 2)
+    nbits = _int_opt(nbits, "--nbits", 1, MAX_NBITS)
+    if labels not in LABEL_KINDS:
+        raise InputError(f"--labels must be one of {', '.join(LABEL_KINDS)}, got {labels!r}")
+    gen = _Generator(nbits=nbits, labels=labels, n_classes=_int_opt(n_classes, "--n-classes", 1, MAX_CLASSES),
+                     n_concepts=_int_opt(n_concepts, "--n-concepts", 1, MAX_CONCEPTS),
+                     labels_per_item=_float_opt(labels_per_item, "--labels-per-item", 1.0),
+                     noise=_float_opt(noise, "--noise", 0.0, 1.0),
+                     collision=_float_opt(collision, "--collision", 0.0, 1.0), seed=_int_opt(seed, "--seed", 0))
+
+    def blocks():
+        for b, start in enumerate(range(0, n_items, gen.gen_rows)):
+            words, lab = gen.block("database", b, min(gen.gen_rows, n_items - start))
+            yield unpack_bits(words, nbits), lab if labels == "class" else unpack_bits(lab, n_concepts)
+
+    shape, dtype = ((), np.int64) if labels == "class" else ((n_concepts,), np.uint8)
+    return _write_pooled(out, n_items, nbits, shape, dtype, blocks(), overwrite)
+
+
 # -- digits -------------------------------------------------------------------
 
 
@@ -290,6 +335,17 @@ def _itq_rotation(v: np.ndarray, rng: np.random.Generator, iterations: int = ITQ
     return r
 
 
+def _digits_hashing(method: str, nbits: int, x_train: np.ndarray, rng: np.random.Generator):
+    """(mean, projection W) learned on training features: codes are (x - mean) @ W > 0."""
+    mean = x_train.mean(axis=0)
+    if method == "lsh":
+        return mean, rng.standard_normal((x_train.shape[1], nbits))
+    w = _pca_directions(x_train - mean, nbits)
+    if method == "itq":
+        w = w @ _itq_rotation((x_train - mean) @ w, rng)
+    return mean, w
+
+
 def digits_dataset(
     out,
     *,
@@ -298,11 +354,17 @@ def digits_dataset(
     n_queries: int = 297,
     seed: int = 0,
     overwrite: bool = False,
+    splits=None,
+    strategy: str | None = None,
+    run: int | None = None,
+    validation: bool = False,
 ) -> str:
     """Hash scikit-learn's bundled digits with LSH, PCAH or ITQ and write a class-labelled dataset.
 
-    A seeded permutation puts the first ``n_queries`` images in the queries and the
-    rest in the database; features are mean-centred with the database mean.
+    Without ``splits``, a seeded permutation puts the first ``n_queries`` images in the queries and the
+    rest in the database, and the hashing is learned on the database. With a ``hashdist split`` store
+    (1,797 items), the queries and database are that run's (test pair, or validation pair) and the
+    hashing is learned on its training set: one dataset per run for repeated-run comparisons.
     """
     from sklearn.datasets import load_digits
 
@@ -312,37 +374,55 @@ def digits_dataset(
     seed = _int_opt(seed, "--seed", 0)
     x, y = load_digits(return_X_y=True)
     n, d = x.shape
-    n_queries = _int_opt(n_queries, "--n-queries", 1, n - 1)
     if method in ("pcah", "itq") and nbits > d:
         raise InputError(f"--nbits {nbits} exceeds the {d} digit features ({method} needs nbits <= {d})")
-
     rng = np.random.default_rng(seed)
-    perm = rng.permutation(n)
-    qi, di = perm[:n_queries], perm[n_queries:]
-    mean = x[di].mean(axis=0)
-    xd, xq = x[di] - mean, x[qi] - mean
-    if method == "lsh":
-        w = rng.standard_normal((d, nbits))
+    params = dict(kind="digits", source="sklearn.datasets.load_digits", method=method, nbits=nbits, seed=seed)
+    if splits is None:
+        n_queries = _int_opt(n_queries, "--n-queries", 1, n - 1)
+        perm = rng.permutation(n)
+        qi, di = perm[:n_queries], perm[n_queries:]
+        ti = di
+        params.update(n_queries=n_queries, n_database=len(di), trained_on="database")
     else:
-        w = _pca_directions(xd, nbits)
-        if method == "itq":
-            w = w @ _itq_rotation(xd @ w, rng)
-    db_words = pack_bits((xd @ w > 0).astype(np.uint8))
-    q_words = pack_bits((xq @ w > 0).astype(np.uint8))
+        from hashdist.ingest import split_roles
+        from hashdist.splits import read_split
 
-    params = dict(
-        kind="digits", source="sklearn.datasets.load_digits", method=method, nbits=nbits,
-        n_queries=n_queries, n_database=len(di), seed=seed, centring="database mean",
-    )
+        roles = read_split(splits, strategy, run)
+        if max(int(v.max(initial=-1)) for v in roles.values()) >= n:
+            raise InputError(f"{splits}: its indices exceed the {n} digits (split it from the digits' labels)")
+        query_role, db_role = split_roles(strategy, validation)
+        qi, di, ti = roles[query_role], roles[db_role], roles["training"]
+        if not len(qi) or not len(di) or not len(ti):
+            raise InputError(f"{splits}: run {run} has an empty {query_role}, {db_role} or training set")
+        params.update(n_queries=len(qi), n_database=len(di), trained_on="training",
+                      split={"splits": str(splits), "strategy": strategy, "run": int(run), "queries": query_role,
+                             "database": db_role})
+    mean, w = _digits_hashing(method, nbits, x[ti], rng)
+    params["centring"] = f"{params['trained_on']} mean"
     if method == "itq":
         params["itq_iterations"] = ITQ_ITERATIONS
     with DatasetWriter(out, nbits=nbits, relevance=("class",), overwrite=overwrite,
                        extra_attrs={"synth": params}) as writer:
-        writer.add_codes("database", db_words)
+        writer.add_codes("database", pack_bits(((x[di] - mean) @ w > 0).astype(np.uint8)))
         writer.add_labels("database", y[di].astype(np.int64))
-        writer.add_codes("queries", q_words)
+        writer.add_codes("queries", pack_bits(((x[qi] - mean) @ w > 0).astype(np.uint8)))
         writer.add_labels("queries", y[qi].astype(np.int64))
     return writer.url
+
+
+def digits_pooled(out, *, method: str = "itq", nbits: int = 32, seed: int = 0, overwrite: bool = False) -> str:
+    """The digits unsplit (``hashdist synth --digits METHOD --pooled DIR``): DIR/labels.npy (1,797 class ids)
+    for ``hashdist split``, and DIR/codes.npy hashed by a model learned on all of them."""
+    from sklearn.datasets import load_digits
+
+    if method not in DIGITS_METHODS:
+        raise InputError(f"--method must be one of {', '.join(DIGITS_METHODS)}, got {method!r}")
+    nbits = _int_opt(nbits, "--nbits", 1, MAX_NBITS)
+    x, y = load_digits(return_X_y=True)
+    mean, w = _digits_hashing(method, nbits, x, np.random.default_rng(_int_opt(seed, "--seed", 0)))
+    bits = ((x - mean) @ w > 0).astype(np.uint8)
+    return _write_pooled(out, len(y), nbits, (), np.int64, [(bits, y.astype(np.int64))], overwrite)
 
 
 # -- features -------------------------------------------------------------------

@@ -1,9 +1,10 @@
 """A Prefect 3 flow that compares several code sets: thin orchestration over ``hashdist.compare``.
 
-Each method's dataset is evaluated by the ``evaluate`` flow as a subflow (its blocks
-run on the Dask cluster; the block cache is shared, so a rerun computes nothing), one
-after the other. The ground truth is shared: it is checked once by fingerprints before
-anything runs, and the comparison is built from the finished evaluations. Run it
+Each method's dataset (each run's, with ``NAME=DS1,DS2,...``) is evaluated by the
+``evaluate`` flow as a subflow (its blocks run on the Dask cluster; the block cache is
+shared, so a rerun computes nothing), one after the other. The ground truth is shared
+(per run index with repeated runs): it is checked once by fingerprints before anything
+runs, and the comparison is built from the finished evaluations. Run it
 through ``hashdist compare`` or :func:`run_comparison`.
 """
 
@@ -38,13 +39,14 @@ def compare(
     threads: int | None = None,
     progress: bool = False,
 ) -> dict:
-    """Evaluate each ``NAME=DATASET`` and compare; with ``out``, write comparison.json and comparison.html."""
+    """Evaluate each run of each ``NAME=DATASET[,DATASET...]`` and compare; with ``out``, write comparison.json and
+    comparison.html."""
     parsed, datasets = validate(methods, k=k, radius=radius, permutations=permutations, seed=seed, out=out,
                                 overwrite=overwrite)
     runner = task_runner(address, cluster_class, cluster_kwargs, workers, threads)
     evaluations = [
-        evaluate.with_options(task_runner=runner)(dataset=m.dataset, k=list(k), radius=list(radius), cache=cache,
-                                                  progress=progress)
+        [evaluate.with_options(task_runner=runner)(dataset=path, k=list(k), radius=list(radius), cache=cache,
+                                                   progress=progress) for path in m.runs]
         for m in parsed
     ]
     comparison, occupancy = build_comparison(parsed, datasets, evaluations, k=k, radius=radius,

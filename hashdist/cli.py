@@ -161,7 +161,7 @@ def _run_synth(a):
         if a.pooled:
             kwargs.pop("n_queries", None)
             synth.digits_pooled(a.out, method=a.digits, seed=a.seed, overwrite=a.overwrite, **kwargs)
-            return f"wrote {a.out}/codes.npy and {a.out}/labels.npy (1797 digits)"
+            return f"wrote {os.path.join(a.out, 'codes.npy')} and {os.path.join(a.out, 'labels.npy')} (1797 digits)"
         if a.splits is not None:
             for option in ("strategy", "run"):
                 if getattr(a, option) is None:
@@ -191,7 +191,7 @@ def _run_synth(a):
         kwargs.pop("chunk_rows", None)
         n_items = kwargs.pop("n_database") + kwargs.pop("n_queries")
         synth.synth_pooled(a.out, n_items=n_items, seed=a.seed, overwrite=a.overwrite, **kwargs)
-        return f"wrote {a.out}/codes.npy and {a.out}/labels.npy ({n_items} items)"
+        return f"wrote {os.path.join(a.out, 'codes.npy')} and {os.path.join(a.out, 'labels.npy')} ({n_items} items)"
     synth.synth_dataset(a.out, seed=a.seed, overwrite=a.overwrite, **kwargs)
     return f"wrote {a.out}"
 
@@ -313,10 +313,14 @@ def _add_compare(sub):
         description="Evaluate each NAME=DATASET (methods x bit lengths; NAME may carry an @TAG, e.g. itq@32, and "
         "methods sharing the part before @ are plotted against their bit length) and write DIR/comparison.json and "
         "DIR/comparison.html: a leaderboard, PR curves, code usage, and paired significance tests on per-query AP "
-        "and LGAP with Holm's correction. Every dataset must have the same queries and ground truth.",
+        "and LGAP with Holm's correction. Every dataset must have the same queries and ground truth. Repeated runs: "
+        "NAME=DS1,DS2,... gives one dataset (split) per run; every method needs as many, run t of each with the "
+        "same ground truth; each metric is reported per run and as mean, sample sd and 95% t interval over runs, "
+        "and the tests pair run t with run t.",
     )
-    p.add_argument("--method", action="append", required=True, metavar="NAME=DATASET",
-                   help="a method's dataset (repeat; at least two)")
+    p.add_argument("--method", action="append", required=True, metavar="NAME=DATASET[,DATASET...]",
+                   help="a method's dataset, or one per run separated by commas (repeat; at least two methods, "
+                   "each with the same number of runs)")
     p.add_argument("--out", required=True, metavar="DIR")
     p.add_argument("--k", type=int, nargs="+", default=list(DEFAULT_K),
                    help=f"cut-offs K (default {' '.join(map(str, DEFAULT_K))})")
@@ -398,9 +402,63 @@ def _run_groundtruth(a):
             f"{blocks['cached']} cached")
 
 
+def _add_split(sub):
+    p = sub.add_parser(
+        "split",
+        help="seeded, class-balanced dataset splits for repeated runs",
+        description="Draw, for each of --runs runs, disjoint sets of item indices from one pooled dataset of N items "
+        "(docs/metrics.md, section 5b) and store them as a Zarr group, for ingest --splits. standard: test queries, "
+        "every other item as the database, and from the database validation queries, a validation database and a "
+        "training set; improved: test queries, test database, validation queries, validation database and training, "
+        "pairwise disjoint. Every set is balanced over the classes (multi-hot labels: each item's first label); "
+        "training takes what is left unless --training sizes it. Run t depends only on the inputs, --seed, t, the "
+        "strategy and numpy's PCG64.",
+    )
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--labels", metavar="ALL_LABELS.npy",
+                        help="labels of all N items: 1-D integer classes or 2-D 0/1 multi-hot")
+    source.add_argument("--n-items", type=int, metavar="N", help="N items without labels (uniform draws)")
+    p.add_argument("--strategy", nargs="+", metavar="NAME",
+                   help="standard and/or improved (default both, or the protocol's)")
+    p.add_argument("--protocol", choices=[x.name for x in PROTOCOLS], metavar="NAME",
+                   help="a literature protocol's strategy and sizes, with no validation sets unless sized: "
+                   + ", ".join(x.name for x in PROTOCOLS) + " (README: Evaluation protocols)")
+    p.add_argument("--runs", type=int, default=10, help="number of runs T (default 10)")
+    p.add_argument("--seed", type=int, default=0, help="default 0")
+    for role, default in (("test-queries", "1000"), ("test-database", "5000; improved only"),
+                          ("validation-queries", "1000; 0 for none"), ("validation-database", "5000; 0 for none"),
+                          ("training", "what the other sets leave")):
+        p.add_argument(f"--{role}", type=int, metavar="SIZE", help=f"set size (default {default})")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing splits store at --out")
+    p.add_argument("--out", required=True, metavar="SPLITS.zarr")
+
+
+def _run_split(a):
+    from hashdist.splits import DEFAULT_SIZES, STRATEGIES, protocol_options, split
+
+    strategies = a.strategy or STRATEGIES
+    sizes = {role: getattr(a, role) for role in DEFAULT_SIZES if getattr(a, role) is not None}
+    if a.protocol is not None:
+        preset = protocol_options(a.protocol)
+        if a.strategy is not None and set(a.strategy) != set(preset["strategies"]):
+            raise InputError(f"--strategy {' '.join(a.strategy)} does not go with --protocol {a.protocol} "
+                             f"(a {preset['strategies'][0]} protocol)")
+        strategies, sizes = preset["strategies"], {**preset["sizes"], **sizes}
+    attrs = split(a.out, labels=a.labels, n_items=a.n_items, strategies=strategies, runs=a.runs, seed=a.seed,
+                  sizes=sizes, overwrite=a.overwrite)
+    kind = {"class": "class labels", "multilabel": "balanced on first labels", "none": "no labels"}
+    lines = [f"wrote {a.out}: N = {attrs['n_items']} ({kind[attrs['label_kind']]}), {attrs['runs']} runs, "
+             f"seed {attrs['seed']}"]
+    for name, entry in attrs["strategies"].items():
+        unused = f" ({entry['unused']} items unused)" if entry["unused"] else ""
+        lines.append(f"{name}: " + ", ".join(f"{role} {n}" for role, n in entry["sizes"].items()) + unused)
+    return "\n".join(lines)
+
+
 COMMANDS = {"ingest": (_add_ingest, _run_ingest), "synth": (_add_synth, _run_synth),
             "evaluate": (_add_evaluate, _run_evaluate), "compare": (_add_compare, _run_compare),
-            "groundtruth": (_add_groundtruth, _run_groundtruth)}
+            "groundtruth": (_add_groundtruth, _run_groundtruth),
+            "split": (_add_split, _run_split)}
 
 
 def build_parser() -> argparse.ArgumentParser:

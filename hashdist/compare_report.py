@@ -1,7 +1,11 @@
 """Rendering a comparison: the leaderboard (text, HTML), the pair tests, plots, and the output directory.
 
 Leaderboard columns are the registry's headline measures (``hashdist.metrics.registry``),
-expected over tie orders, radius measures at the comparison's largest radius.
+expected over tie orders, radius measures at the comparison's largest radius. With repeated
+runs (``hashdist.compare``) every cell is ``mean ± sd`` over the runs (sample sd), the mAP
+tie interval is [mean worst, mean best] and the mAP 95% interval is the t interval over runs;
+the text adds each run's mAP and mLGAP, the HTML page a table of every run's values per method,
+and the paper tables bold the best mean.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from hashdist.atomic import staged_directory
 from hashdist.errors import InputError
 from hashdist.metrics.registry import BY_KEY, FIELD_LABELS, MEASURES, headline_rows, lookup
 from hashdist.render import fmt, html_figure, html_table, page, png, text_table
+from hashdist.stats import t_interval
 
 COMPARISON_MARKER = "hashdist-comparison"
 
@@ -58,22 +63,71 @@ def _p(x) -> str:
     return fmt(x, 3) if x is None or x != x else f"{x:.3g}"
 
 
+def n_runs(comparison: dict) -> int:
+    """T, the number of runs of every method (1 unless repeated runs)."""
+    return comparison["parameters"].get("runs", 1)
+
+
+def runs_of(method: dict) -> list[dict]:
+    """A method's runs, each with dataset, fingerprint, metrics, map_ci, mlgap_ci, code_usage (one run: itself)."""
+    return method.get("runs", [method])
+
+
+def map_interval(method: dict) -> tuple[float, float, float]:
+    """(worst, expected, best) mAP of a method; with repeated runs, each the mean over the runs."""
+    if "over_runs" in method:
+        o = method["over_runs"]
+        return o["mAP worst"]["mean"], o["mAP"]["mean"], o["mAP best"]["mean"]
+    mp = method["metrics"]["map"]
+    return mp["worst"], mp["expected"], mp["best"]
+
+
+def per_run_labels(r: int) -> dict[str, str]:
+    """{pair metric: ``over_runs`` label} of the values paired over runs: mAP (expected) and mLGAP at radius r."""
+    return {"map": BY_KEY["map"].label_for(), "mlgap": BY_KEY["mlgap_at_radius"].label_for(r)}
+
+
+def _mean_sd(summary: dict) -> str:
+    return f"{fmt(summary['mean'])} \u00b1 {fmt(summary['sd'])}"
+
+
+def _ci(lo_hi) -> str:
+    return f"[{fmt(lo_hi[0])}, {fmt(lo_hi[1])}]"
+
+
 def leaderboard_rows(comparison: dict) -> tuple[list[str], list[list[str]]]:
-    """Header and rows (methods by expected mAP, best first); a * marks an mAP order that depends on ties."""
+    """Header and rows (methods by expected mAP, best first); a * marks an mAP order that depends on ties.
+    With repeated runs: mean ± sd over runs, [mean worst, mean best], and the t interval of the mean mAP."""
     r = comparison["parameters"]["lgap_radius"]
     tied = {n for pair in comparison["map_order_depends_on_ties"] for n in pair.split("|")}
-    first = comparison["methods"][comparison["ranking"][0]]["metrics"]
-    labels = [label for label, _ in headline_rows(first, r)][1:]  # mAP has its own columns
-    header = ["method", "bits", "mAP [worst, best]", "mAP 95% CI", *labels]
+    first = comparison["methods"][comparison["ranking"][0]]
+    labels = [label for label, _ in headline_rows(runs_of(first)[0]["metrics"], r)][1:]  # mAP has its own columns
+    repeated = n_runs(comparison) > 1
+    header = ["method", "bits", *(["mAP mean \u00b1 sd"] if repeated else []), "mAP [worst, best]", "mAP 95% CI",
+              *labels]
     rows = []
     for name in comparison["ranking"]:
         m = comparison["methods"][name]
-        mp = m["metrics"]["map"]
-        row = [name + (" *" if name in tied else ""), str(m["nbits"]),
-               f"{fmt(mp['expected'])} [{fmt(mp['worst'])}, {fmt(mp['best'])}]",
-               f"[{fmt(m['map_ci'][0])}, {fmt(m['map_ci'][1])}]"]
-        row += [fmt(values["expected"]) for _, values in headline_rows(m["metrics"], r)[1:]]
+        worst, expected, best = map_interval(m)
+        row = [name + (" *" if name in tied else ""), str(m["nbits"])]
+        if repeated:
+            o = m["over_runs"]
+            row += [_mean_sd(o["mAP"]), f"[{fmt(worst)}, {fmt(best)}]", _ci(o["mAP"]["ci"])]
+            row += [_mean_sd(o[label]) for label in labels]
+        else:
+            row += [f"{fmt(expected)} [{fmt(worst)}, {fmt(best)}]", _ci(m["map_ci"])]
+            row += [fmt(values["expected"]) for _, values in headline_rows(m["metrics"], r)[1:]]
         rows.append(row)
+    return header, rows
+
+
+def run_rows(method: dict, labels=None) -> tuple[list[str], list[list[str]]]:
+    """Header and rows of a method's repeated runs: per ``over_runs`` label (default all), each run's value,
+    the mean, the sample sd and the 95% t interval."""
+    o = method["over_runs"]
+    header = ["measure", *(f"run {t}" for t in range(1, len(method["runs"]) + 1)), "mean", "sd", "95% CI"]
+    rows = [[label, *(fmt(v) for v in o[label]["values"]), fmt(o[label]["mean"]), fmt(o[label]["sd"]),
+             _ci(o[label]["ci"])] for label in (labels or o)]
     return header, rows
 
 
@@ -86,18 +140,31 @@ def _pair_table(comparison: dict) -> tuple[list[str], list[list[str]]]:
 
 
 def format_leaderboard(comparison: dict) -> str:
-    """The leaderboard and the significance of each pair as aligned text."""
-    lines = [text_table("Leaderboard (expected over tie orders)", *leaderboard_rows(comparison))]
+    """The leaderboard and the significance of each pair as aligned text; with repeated runs also each
+    method's mAP and mLGAP of every run."""
+    T = n_runs(comparison)
+    if T == 1:
+        lines = [text_table("Leaderboard (expected over tie orders)", *leaderboard_rows(comparison))]
+    else:
+        lines = [text_table(f"Leaderboard over {T} runs (mean \u00b1 sample sd; expected over tie orders; "
+                            "95% CI: t over runs)", *leaderboard_rows(comparison))]
     if comparison["map_order_depends_on_ties"]:
         lines.append("* mAP intervals overlap (order depends on tie-breaking): "
                      + ", ".join(comparison["map_order_depends_on_ties"]))
     lines.append("")
-    lines.append(text_table("Paired tests per query", *_pair_table(comparison)))
+    if T > 1:
+        labels = list(per_run_labels(comparison["parameters"]["lgap_radius"]).values())
+        for name in comparison["ranking"]:
+            lines += [text_table(f"{name}: each run", *run_rows(comparison["methods"][name], labels)), ""]
+    title = "Paired tests per query" if T == 1 else f"Paired tests over runs (run t with run t, {T} runs)"
+    lines.append(text_table(title, *_pair_table(comparison)))
     return "\n".join(lines)
 
 
 def plots(comparison: dict, occupancy: dict) -> dict[str, str]:
-    """Base64 PNGs: overlaid PR curves, mAP and mLGAP against bit length, code occupancy, bit balance."""
+    """Base64 PNGs: overlaid PR curves, mAP and mLGAP against bit length, code occupancy, bit balance.
+    ``occupancy``: {name: [sorted code counts of each run]}. Repeated runs: one line per run in the method's
+    colour; against bit length the mean over runs with sd error bars."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -105,12 +172,17 @@ def plots(comparison: dict, occupancy: dict) -> dict[str, str]:
 
     methods = comparison["methods"]
     r = comparison["parameters"]["lgap_radius"]
+    repeated = n_runs(comparison) > 1
     figs = {}
+
+    colours = {name: f"C{i % 10}" for i, name in enumerate(methods)}
 
     fig, ax = plt.subplots(figsize=(5, 4))
     for name, m in methods.items():
-        curve = m["metrics"]["pr_curve"]
-        ax.plot([p["recall"] for p in curve], [p["precision"] for p in curve], marker="o", ms=2, label=name)
+        for t, run in enumerate(runs_of(m)):
+            curve = run["metrics"]["pr_curve"]
+            ax.plot([p["recall"] for p in curve], [p["precision"] for p in curve], marker="o", ms=2,
+                    color=colours[name], label=None if t else name)
     ax.set(xlabel="recall (micro)", ylabel="precision (micro)", title="PR curves (Hamming radius 0..B)",
            xlim=(0, 1.02), ylim=(0, 1.02))
     ax.legend(fontsize=7)
@@ -125,8 +197,11 @@ def plots(comparison: dict, occupancy: dict) -> dict[str, str]:
         fig, axes = plt.subplots(1, 2, figsize=(9, 3.8))
         for g, ms in lengths.items():
             bits = [m["nbits"] for m in ms]
-            axes[0].plot(bits, [m["metrics"]["map"]["expected"] for m in ms], marker="o", label=g)
-            axes[1].plot(bits, [m["metrics"]["mlgap_at_radius"][str(r)] for m in ms], marker="o", label=g)
+            for ax, value in ((axes[0], lambda metrics: metrics["map"]["expected"]),
+                              (axes[1], lambda metrics: metrics["mlgap_at_radius"][str(r)])):
+                summaries = [t_interval([value(run["metrics"]) for run in runs_of(m)]) for m in ms]
+                ax.errorbar(bits, [s[0] for s in summaries], yerr=[s[1] for s in summaries] if repeated else None,
+                            marker="o", capsize=3, label=g)
         axes[0].set(xlabel="bits", ylabel="mAP (expected)", title="mAP against bit length")
         axes[1].set(xlabel="bits", ylabel=f"mLGAP@{r}", title=f"mLGAP@{r} against bit length")
         for ax in axes:
@@ -134,8 +209,10 @@ def plots(comparison: dict, occupancy: dict) -> dict[str, str]:
         figs["bit_length"] = fig
 
     fig, ax = plt.subplots(figsize=(5, 4))
-    for name, sizes in occupancy.items():
-        ax.plot(np.arange(1, len(sizes) + 1), sizes, drawstyle="steps-post", label=name)
+    for name, runs in occupancy.items():
+        for t, sizes in enumerate(runs):
+            ax.plot(np.arange(1, len(sizes) + 1), sizes, drawstyle="steps-post", color=colours[name],
+                    label=None if t else name)
     ax.set(xscale="log", yscale="log", xlabel="distinct codes, most used first", ylabel="database items with the code",
            title="code occupancy")
     ax.legend(fontsize=7)
@@ -143,8 +220,10 @@ def plots(comparison: dict, occupancy: dict) -> dict[str, str]:
 
     fig, ax = plt.subplots(figsize=(5, 4))
     for name, m in methods.items():
-        balance = m["code_usage"]["bit_balance"]
-        ax.plot(np.arange(len(balance)), balance, marker=".", lw=0.8, label=name)
+        for t, run in enumerate(runs_of(m)):
+            balance = run["code_usage"]["bit_balance"]
+            ax.plot(np.arange(len(balance)), balance, marker=".", lw=0.8, color=colours[name],
+                    label=None if t else name)
     ax.axhline(0.5, color="grey", lw=0.8, ls="--")
     ax.set(xlabel="bit", ylabel="fraction of database items with the bit set", title="bit balance", ylim=(0, 1))
     ax.legend(fontsize=7)
@@ -169,32 +248,63 @@ CAPTIONS = {
 
 def render_html(comparison: dict, images: dict[str, str]) -> str:
     methods, q, p = comparison["methods"], comparison["queries"], comparison["parameters"]
+    T = n_runs(comparison)
     tied = comparison["map_order_depends_on_ties"]
+    interval = "[worst, best]" if T == 1 else "[mean worst, mean best] over runs"
     note = (f"<p>* mAP intervals overlap, so their order depends on tie-breaking: {html.escape(', '.join(tied))}</p>"
-            if tied else "<p>No two methods' mAP intervals [worst, best] overlap.</p>")
+            if tied else f"<p>No two methods' mAP intervals {interval} overlap.</p>")
     usage_header = ["method", "bits", "distinct codes", "largest bucket", "items sharing a code", "entropy (bits)",
                     "entropy / B"]
-    usage_rows = [[name, str(m["nbits"]), str(m["code_usage"]["distinct_codes"]), str(m["code_usage"]["max_bucket"]),
-                   fmt(m["code_usage"]["collision_fraction"]), fmt(m["code_usage"]["entropy_bits"], 2),
-                   fmt(m["code_usage"]["entropy_ratio"])] for name, m in methods.items()]
-    datasets = "".join(f"<li><code>{html.escape(n)}</code>: <code>{html.escape(str(m['dataset']))}</code></li>"
-                       for n, m in methods.items())
+    usage_rows = [[name if T == 1 else f"{name} run {t}", str(m["nbits"]), str(u["distinct_codes"]),
+                   str(u["max_bucket"]), fmt(u["collision_fraction"]), fmt(u["entropy_bits"], 2),
+                   fmt(u["entropy_ratio"])]
+                  for name, m in methods.items() for t, u in enumerate((r["code_usage"] for r in runs_of(m)), 1)]
     figures = "".join(html_figure(name, data, CAPTIONS[name]) for name, data in images.items())
+    conventions = ("mAP and the @K columns are expectations over tie orders; mAP@K uses the 'retrieved' normaliser; "
+                   f"radius measures at radius {p['lgap_radius']}. Definitions: docs/metrics.md of hashdist.")
+    if T == 1:
+        datasets = "".join(f"<li><code>{html.escape(n)}</code>: <code>{html.escape(str(m['dataset']))}</code></li>"
+                           for n, m in methods.items())
+        head = (f"<ul>{datasets}</ul><p>{q['evaluated']} of {q['total']} queries evaluated (those with relevant "
+                f"items). {conventions}</p>")
+        board_caption = "Methods by expected mAP (95% CI: bootstrap over queries)"
+        runs = ""
+        pair_text = (f"Per-query AP (expected) and LGAP@{p['lgap_radius']}; paired t-test and sign-flip randomisation "
+                     f"test ({p['permutations']} permutations, seed {p['seed']})")
+        plot_note = ""
+    else:
+        datasets = "".join(
+            f"<li><code>{html.escape(n)}</code>: "
+            + ", ".join(f"run {t} <code>{html.escape(str(run['dataset']))}</code>"
+                        for t, run in enumerate(m["runs"], 1))
+            + "</li>" for n, m in methods.items())
+        evaluated = ", ".join(f"run {t}: {e} of {n}" for t, (e, n) in enumerate(zip(q["evaluated"], q["total"],
+                                                                                    strict=True), 1))
+        head = (f"<ul>{datasets}</ul><p>{T} runs; run t of every method has the same queries and ground truth. "
+                f"Queries evaluated (those with relevant items): {evaluated}. {conventions} Over the runs: the mean, "
+                f"the sample standard deviation (divisor T - 1) and the 95% interval mean \u00b1 "
+                f"t<sub>0.975, T-1</sub> sd / \u221aT.</p>")
+        board_caption = (f"Methods by mean expected mAP over {T} runs (mean \u00b1 sample sd; [worst, best]: means "
+                         "over runs; 95% CI: t over runs)")
+        runs = "<h2>Runs</h2>" + "".join(
+            html_table(f"{name}: each run, the mean, sample sd and 95% t interval over {T} runs", *run_rows(m),
+                       f"runs-{name}") for name, m in methods.items())
+        patterns = (f"all 2^{T} = {2**T} sign patterns" if p["exact_randomization"]
+                    else f"{p['permutations']} random sign patterns, seed {p['seed']}")
+        pair_text = (f"Each run's mAP (expected) and mLGAP@{p['lgap_radius']}, run t of one method paired with run t "
+                     f"of the other; paired t-test over the {T} runs and sign-flip randomisation test ({patterns})")
+        plot_note = ("<p>One line per run, in its method's colour; against bit length the mean over runs with bars "
+                     "of one sample sd.</p>")
     body = (
-        f"<h1>hashdist comparison</h1><ul>{datasets}</ul><p>{q['evaluated']} of {q['total']} queries evaluated "
-        f"(those with relevant items). mAP and the @K columns are expectations over tie orders; mAP@K uses the "
-        f"'retrieved' normaliser; radius measures at radius {p['lgap_radius']}. Definitions: docs/metrics.md of "
-        f"hashdist.</p><h2>Leaderboard</h2>"
-        + html_table("Methods by expected mAP (95% CI: bootstrap over queries)", *leaderboard_rows(comparison),
-                     "leaderboard")
+        f"<h1>hashdist comparison</h1>{head}<h2>Leaderboard</h2>"
+        + html_table(board_caption, *leaderboard_rows(comparison), "leaderboard")
         + note
-        + f"<h2>Paired significance</h2><p>Per-query AP (expected) and LGAP@{p['lgap_radius']}; paired t-test and "
-        f"sign-flip randomisation test ({p['permutations']} permutations, seed {p['seed']}); Holm's correction "
-        f"across all pairs of a metric.</p>"
+        + runs
+        + f"<h2>Paired significance</h2><p>{pair_text}; Holm's correction across all pairs of a metric.</p>"
         + html_table("Paired tests between methods", *_pair_table(comparison), "pairs")
         + "<h2>Code usage</h2>" + html_table("How each method's database codes fill the code space", usage_header,
                                             usage_rows, "code-usage")
-        + f"<h2>Plots</h2>{figures}"
+        + f"<h2>Plots</h2>{plot_note}{figures}"
     )
     return page("hashdist comparison", body)
 
@@ -202,7 +312,7 @@ def render_html(comparison: dict, images: dict[str, str]) -> str:
 # -- tables for papers ----------------------------------------------------------------
 
 _CONVENTION = ("expected over all orders of items tied at one Hamming distance; mAP@K normalised by the relevant "
-               "items retrieved (DeepHash-pytorch's CalcTopMap); the mean runs over the {evaluated} queries with "
+               "items retrieved (DeepHash-pytorch's CalcTopMap); the mean runs over the {evaluated} with "
                "relevant items (hashdist's default query set)")
 
 
@@ -221,7 +331,7 @@ def _interval(metrics: dict, measure, value, variant) -> tuple[float, float, flo
 def _columns(comparison: dict) -> list[tuple[str, object, object, object]]:
     """(label, measure, parameter value, variant) of each headline column, radius measures at the largest radius."""
     r = str(comparison["parameters"]["lgap_radius"])
-    first = comparison["methods"][comparison["ranking"][0]]["metrics"]
+    first = runs_of(comparison["methods"][comparison["ranking"][0]])[0]["metrics"]
     out = []
     for m in MEASURES:
         if not m.headline:
@@ -241,18 +351,28 @@ def _cell_value(metrics: dict, measure, value, variant) -> float:
     return v
 
 
+def _cell(runs: list[dict], measure, value, variant) -> tuple[float, float, tuple | None]:
+    """(mean, sample sd, mean (worst, expected, best) or None) of a table cell over a method's runs' metrics."""
+    mean, sd, _, _ = t_interval([_cell_value(m, measure, value, variant) for m in runs])
+    intervals = [_interval(m, measure, value, variant) for m in runs]
+    return mean, sd, None if intervals[0] is None else tuple(np.mean(intervals, axis=0).tolist())
+
+
 def paper_cells(comparison: dict) -> tuple[list[str], list[list[tuple[str, bool, bool]]], str]:
     """(header, rows of (text, bold, dagger) cells, caption) of the paper table.
 
     Methods x headline metrics, or, when the methods are models at several code lengths, models x
     bit lengths for mAP. Bold: the best value of a column. Dagger: the value's tie interval
     [worst, best] overlaps another row's in that column, so their order depends on tie-breaking.
+    Repeated runs: cells are mean ± sample sd over the runs, bold is the best mean and the tie
+    interval is [mean worst, mean best].
     """
     methods = comparison["methods"]
+    T = n_runs(comparison)
     if _by_bit_length(comparison):
         bits = sorted({m["nbits"] for m in methods.values()})
         groups = list(dict.fromkeys(methods[n]["group"] for n in comparison["ranking"]))
-        cell_of = {(m["group"], m["nbits"]): m["metrics"] for m in methods.values()}
+        cell_of = {(m["group"], m["nbits"]): m for m in methods.values()}
         header = ["Method", *(f"{b} bits" for b in bits)]
         grid = [[cell_of.get((g, b)) for b in bits] for g in groups]
         labels = groups
@@ -262,27 +382,36 @@ def paper_cells(comparison: dict) -> tuple[list[str], list[list[tuple[str, bool,
         columns = _columns(comparison)
         header = ["Method", *(c[0] for c in columns)]
         labels = list(comparison["ranking"])
-        grid = [[methods[n]["metrics"]] * len(columns) for n in labels]
+        grid = [[methods[n]] * len(columns) for n in labels]
         measure_at = [c[1:] for c in columns]
         what = "Metrics"
     rows = [[(label, False, False)] for label in labels]
     for j, (measure, value, variant) in enumerate(measure_at):
-        column = [(i, grid[i][j]) for i in range(len(labels)) if grid[i][j] is not None]
-        values = {i: _cell_value(m, measure, value, variant) for i, m in column}
-        intervals = {i: _interval(m, measure, value, variant) for i, m in column}
-        best = max(v for v in values.values() if v == v) if any(v == v for v in values.values()) else None
+        cells = {i: _cell([run["metrics"] for run in runs_of(grid[i][j])], measure, value, variant)
+                 for i in range(len(labels)) if grid[i][j] is not None}
+        means = [mean for mean, _, _ in cells.values() if mean == mean]
+        best = max(means) if means else None
         for i in range(len(labels)):
-            if i not in values:
+            if i not in cells:
                 rows[i].append(("-", False, False))
                 continue
-            mine = intervals[i]
+            mean, sd, mine = cells[i]
             dagger = mine is not None and any(
                 other is not None and max(mine[0], other[0]) <= min(mine[2], other[2])
-                for k, other in intervals.items() if k != i)
-            rows[i].append((fmt(values[i]), values[i] == best, dagger))
-    caption = (f"{what} of each method, {_CONVENTION.format(evaluated=comparison['queries']['evaluated'])}. "
-               "Bold: best in its column. \u2020: the tie interval [worst, best] overlaps another method's, so "
-               "their order depends on how ties are broken.")
+                for k, (_, _, other) in cells.items() if k != i)
+            rows[i].append((fmt(mean) if T == 1 else f"{fmt(mean)} \u00b1 {fmt(sd)}", mean == best, dagger))
+    if T == 1:
+        evaluated = f"{comparison['queries']['evaluated']} queries"
+        caption = (f"{what} of each method, {_CONVENTION.format(evaluated=evaluated)}. Bold: best in its column. "
+                   "\u2020: the tie interval [worst, best] overlaps another method's, so their order depends on how "
+                   "ties are broken.")
+    else:
+        counts = sorted(set(comparison["queries"]["evaluated"]))
+        evaluated = f"{counts[0]}{f' to {counts[-1]}' if len(counts) > 1 else ''} queries of each run"
+        caption = (f"{what} of each method, mean \u00b1 sample standard deviation over {T} runs (one split each), "
+                   f"{_CONVENTION.format(evaluated=evaluated)}. Bold: best mean in its column. \u2020: the interval "
+                   "[mean worst, mean best] over runs overlaps another method's, so their order depends on how ties "
+                   "are broken.")
     return header, rows, caption
 
 
@@ -299,11 +428,11 @@ def latex_table(comparison: dict) -> str:
     header, rows, caption = paper_cells(comparison)
 
     def cell(text, bold, dagger):
-        text = _latex_escape(text)
+        text = _latex_escape(text).replace("\u00b1", r"$\pm$")
         text = rf"\textbf{{{text}}}" if bold else text
         return text + (r"$^\dagger$" if dagger else "")
 
-    caption = _latex_escape(caption).replace("\u2020", r"$^\dagger$")
+    caption = _latex_escape(caption).replace("\u2020", r"$^\dagger$").replace("\u00b1", r"$\pm$")
     lines = [r"\begin{table}[t]", r"\centering", rf"\caption{{{caption}}}",
              r"\label{tab:hashdist-leaderboard}", rf"\begin{{tabular}}{{l{'r' * (len(header) - 1)}}}", r"\toprule",
              " & ".join(_latex_escape(h) for h in header) + r" \\", r"\midrule"]

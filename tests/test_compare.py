@@ -61,8 +61,11 @@ def test_method_names():
     methods = parse_methods(["itq@32=a.zarr", "itq@64=b.zarr", "lsh=c=d.zarr"])
     assert [(m.name, m.group, m.dataset) for m in methods] == [
         ("itq@32", "itq", "a.zarr"), ("itq@64", "itq", "b.zarr"), ("lsh", "lsh", "c=d.zarr")]
+    assert [m.runs for m in parse_methods(["a=x.zarr,y.zarr", "b=z.zarr,w.zarr"])] == [("x.zarr", "y.zarr"),
+                                                                                       ("z.zarr", "w.zarr")]
     for bad, needle in ((["a=x", "a=y"], "used twice"), (["a=x"], "at least two"), (["a|b=x", "c=y"], "NAME must"),
-                        (["a", "b=y"], "NAME=DATASET"), (["a@=x", "b=y"], "NAME must")):
+                        (["a", "b=y"], "NAME=DATASET"), (["a@=x", "b=y"], "NAME must"),
+                        (["a=x,y", "b=z"], "1 run, but a has 2 runs"), (["a=x,", "b=y,z"], "an empty dataset")):
         with pytest.raises(InputError, match=needle):
             parse_methods(bad)
 

@@ -1,4 +1,4 @@
-"""The ``hashdist`` command line: ingest, synth, evaluate, compare.
+"""The ``hashdist`` command line: synth, ingest, split, evaluate, compare, groundtruth.
 
 Bad input ends with one line on stderr naming the problem and exit status 2;
 nothing is written. ``--debug`` shows tracebacks.
@@ -25,6 +25,8 @@ Exact, tie-aware evaluation of binary hash codes for retrieval.
       --db-labels DBL.npy --query-labels QL.npy --out data.zarr     store your codes
   hashdist evaluate data.zarr --out report/                   metrics, report.json, report.html
   hashdist compare --method a=a.zarr --method b=b.zarr --out cmp/   leaderboard, significance
+  hashdist split --labels ALL_LABELS.npy --protocol cifar10 --out splits.zarr
+      then ingest --splits and compare --method NAME=RUN0.zarr,RUN1.zarr,...   repeated runs
 
 Every order-dependent metric is reported for the three tie policies (expected
 over all orders of items at equal Hamming distance, best, worst). See README.md

@@ -251,15 +251,9 @@ def ap_at_k_list(gr, k, normaliser):
 
 def ap_at_radius_list(gr, size):
     """AP of the first ``size`` items (the radius-r set S_r, |S_r| = size, of a list sorted by distance):
-    sum of precision@i over its relevant items i, divided by how many there are (0 if none)."""
-    if _n_relevant(gr) == 0:
-        return None
-    hits, s = 0, Fraction(0)
-    for i, g in enumerate(gr[:size], start=1):
-        if g >= 1:
-            hits += 1
-            s += Fraction(hits, i)
-    return Fraction(0) if hits == 0 else s / hits
+    sum of precision@i over its relevant items i, divided by how many there are (0 if none): AP@K
+    'retrieved' at K = |S_r| (docs/metrics.md, section 4)."""
+    return ap_at_k_list(gr, size, "retrieved")
 
 
 def precision_at_k_list(gr, k):

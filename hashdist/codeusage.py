@@ -11,10 +11,11 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit
+
+from hashdist.kernels import cached_njit
 
 
-@njit(nogil=True, cache=True)
+@cached_njit(nogil=True)
 def _bit_ones(words, out):
     for w in range(words.shape[1]):
         for b in range(64):

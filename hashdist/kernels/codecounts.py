@@ -13,6 +13,7 @@ import numpy as np
 from numba import njit
 
 from hashdist.bits import ball_volumes
+from hashdist.kernels import cached_njit
 from hashdist.kernels.popcount import hamming
 
 
@@ -46,7 +47,7 @@ def merge_code_counts(parts) -> tuple[np.ndarray, np.ndarray]:
 # -- hash table over code rows (open addressing, linear probing) ---------------
 
 
-@njit(nogil=True, inline="always", cache=True)
+@njit(nogil=True, inline="always")
 def _mix(codes_row):
     h = np.uint64(0x9E3779B97F4A7C15)
     for w in range(codes_row.shape[0]):
@@ -57,19 +58,18 @@ def _mix(codes_row):
     return h
 
 
-@njit(nogil=True, cache=True)
-def _build_table(codes, capacity):
-    slots = np.full(capacity, -1, dtype=np.int64)
-    mask = np.uint64(capacity - 1)
+@cached_njit(nogil=True)
+def _build_table(codes, slots):
+    """Insert every code's row number into ``slots`` (all -1, a power of two long)."""
+    mask = np.uint64(slots.shape[0] - 1)
     for i in range(codes.shape[0]):
         s = _mix(codes[i]) & mask
         while slots[s] >= 0:
             s = (s + np.uint64(1)) & mask
         slots[s] = i
-    return slots
 
 
-@njit(nogil=True, inline="always", cache=True)
+@njit(nogil=True, inline="always")
 def _lookup(slots, codes, key):
     mask = np.uint64(slots.shape[0] - 1)
     s = _mix(key) & mask
@@ -86,12 +86,11 @@ def _lookup(slots, codes, key):
     return -1
 
 
-@njit(nogil=True, cache=True)
-def _max_count_by_ball(queries, codes, counts, slots, nbits, radius, shells, cmax, out):
+@cached_njit(nogil=True)
+def _max_count_by_ball(queries, codes, counts, slots, nbits, radius, shells, cmax, out, key, pos):
     """out[q, k] = M_k. Shell k (the codes at distance exactly k) is enumerated, flipping every
-    k-subset of bits, only when its item count ``shells[q, k]`` (-1: unknown) could raise M."""
-    key = np.empty(queries.shape[1], dtype=np.uint64)
-    pos = np.empty(max(radius, 1), dtype=np.int64)
+    k-subset of bits, only when its item count ``shells[q, k]`` (-1: unknown) could raise M.
+    ``key`` (a code row) and ``pos`` (radius entries) are work arrays."""
     for q in range(queries.shape[0]):
         best = 0
         for k in range(radius + 1):
@@ -104,7 +103,8 @@ def _max_count_by_ball(queries, codes, counts, slots, nbits, radius, shells, cma
                 for i in range(k):
                     pos[i] = i
                 while best < ceiling:
-                    key[:] = queries[q]
+                    for w in range(key.shape[0]):  # not key[:] = queries[q]: its shape check compiles slowly
+                        key[w] = queries[q, w]
                     for i in range(k):
                         key[pos[i] >> 6] ^= np.uint64(1) << np.uint64(pos[i] & 63)
                     found = _lookup(slots, codes, key)
@@ -122,10 +122,10 @@ def _max_count_by_ball(queries, codes, counts, slots, nbits, radius, shells, cma
             out[q, k] = best
 
 
-@njit(nogil=True, cache=True)
-def _max_count_by_scan(queries, codes, counts, radius, shells, cmax, out):
-    """out[q, k] = M_k, scanning the distinct codes for queries with a shell of >= 2 (or -1: unknown) items."""
-    exact = np.zeros(radius + 1, dtype=np.int64)
+@cached_njit(nogil=True)
+def _max_count_by_scan(queries, codes, counts, radius, shells, cmax, out, exact):
+    """out[q, k] = M_k, scanning the distinct codes for queries with a shell of >= 2 (or -1: unknown) items.
+    ``exact`` (radius + 1 entries) is a work array."""
     for q in range(queries.shape[0]):
         scan = False
         for k in range(radius + 1):
@@ -150,7 +150,9 @@ def ball_lookup_table(codes: np.ndarray, nbits: int, radius: int) -> np.ndarray 
     codes = np.ascontiguousarray(codes, dtype=np.uint64)
     if not len(codes) or 4 * ball_volumes(nbits, min(radius, nbits))[-1] >= len(codes):
         return None
-    return _build_table(codes, 1 << int(2 * len(codes) - 1).bit_length())
+    slots = np.full(1 << int(2 * len(codes) - 1).bit_length(), -1, dtype=np.int64)
+    _build_table(codes, slots)
+    return slots
 
 
 def max_bucket_within(
@@ -177,7 +179,8 @@ def max_bucket_within(
     cmax = int(counts.max()) if len(counts) else 0
     out = np.zeros((queries.shape[0], radius + 1), dtype=np.int64)
     if slots is not None:
-        _max_count_by_ball(queries, codes, counts, slots, nbits, radius, shells, cmax, out)
+        key, pos = np.empty(queries.shape[1], dtype=np.uint64), np.empty(max(radius, 1), dtype=np.int64)
+        _max_count_by_ball(queries, codes, counts, slots, nbits, radius, shells, cmax, out, key, pos)
     else:
-        _max_count_by_scan(queries, codes, counts, radius, shells, cmax, out)
+        _max_count_by_scan(queries, codes, counts, radius, shells, cmax, out, np.empty(radius + 1, dtype=np.int64))
     return out

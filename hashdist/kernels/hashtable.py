@@ -14,9 +14,11 @@ from __future__ import annotations
 import re
 
 import numpy as np
-from numba import njit
+from numba import njit, types
+from numba.extending import overload
 
 from hashdist.errors import InputError
+from hashdist.kernels import cached_njit
 from hashdist.kernels.popcount import common_bits
 
 _SPEC = re.compile(r"^\s*(\d+)\s*[xX]\s*(\d+)\s*$")
@@ -45,7 +47,7 @@ def _bits(row, start, length):
     return v
 
 
-@njit(nogil=True)
+@cached_njit(nogil=True)
 def _substrings(codes, k_bits, n_tables):
     """keys[i, t, p]: the p-th 64-bit piece of substring (table) t of code i."""
     pieces = (k_bits + 63) // 64
@@ -72,32 +74,31 @@ def _collide(a, b):
     return False
 
 
-@njit(nogil=True, inline="always")
-def _same_class(qr, dr, q, j):
-    return qr[q] == dr[j]
+def _relevant(qr, dr, q, j):
+    """Whether database item j is relevant to query q; the label types pick the rule (see _relevance_rule)."""
 
 
-@njit(nogil=True, inline="always")
-def _common_label(qr, dr, q, j):
-    return common_bits(qr[q], dr[j]) > 0
+@overload(_relevant, inline="always")
+def _relevance_rule(qr, dr, q, j):
+    """Class labels (vectors): equal labels; packed multi-hot rows: a label in common; None: never."""
+    if qr is types.none:
+        return lambda qr, dr, q, j: False
+    if qr.ndim == 1:
+        return lambda qr, dr, q, j: qr[q] == dr[j]
+    return lambda qr, dr, q, j: common_bits(qr[q], dr[j]) > 0
 
 
-@njit(nogil=True, inline="always")
-def _never(qr, dr, q, j):
-    return False
-
-
-@njit(nogil=True)
-def _count(qk, dk, qr, dr, relevant, tp, retrieved):
+@cached_njit(nogil=True)
+def _count(qk, dk, qr, dr, tp, retrieved):
     for q in range(qk.shape[0]):
         for j in range(dk.shape[0]):
             if _collide(qk[q], dk[j]):
                 retrieved[q] += 1
-                if relevant(qr, dr, q, j):
+                if _relevant(qr, dr, q, j):
                     tp[q] += 1
 
 
-@njit(nogil=True)
+@cached_njit(nogil=True)
 def _count_explicit(qk, dk, db_start, indptr, indices, grades, tp):
     """TP from the listed pairs inside this database block that collide."""
     N = dk.shape[0]
@@ -137,14 +138,13 @@ def hashtable_counts(
     if kind == "class":
         qr = np.ascontiguousarray(query_rel, dtype=np.int64)
         dr = np.ascontiguousarray(db_rel, dtype=np.int64)
-        _count(qk, dk, qr, dr, _same_class, tp, retrieved)
+        _count(qk, dk, qr, dr, tp, retrieved)
     elif kind == "multilabel":
         qr = np.ascontiguousarray(query_rel, dtype=np.uint64)
         dr = np.ascontiguousarray(db_rel, dtype=np.uint64)
-        _count(qk, dk, qr, dr, _common_label, tp, retrieved)
+        _count(qk, dk, qr, dr, tp, retrieved)
     elif kind == "explicit":
-        none = np.zeros(0, dtype=np.int64)
-        _count(qk, dk, none, none, _never, tp, retrieved)
+        _count(qk, dk, None, None, tp, retrieved)
         indptr, indices, grades = (np.ascontiguousarray(a, dtype=np.int64) for a in query_rel)
         _count_explicit(qk, dk, db_start, indptr, indices, grades, tp)
     else:

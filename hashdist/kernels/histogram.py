@@ -27,8 +27,8 @@ import threading
 from pathlib import Path
 
 import numpy as np
-from numba import njit
 
+from hashdist.kernels import cached_njit
 from hashdist.kernels.popcount import hamming
 
 TILE = 4
@@ -40,65 +40,73 @@ MAX_RELEVANT_FRACTION = 0.2  # class split: at most this share of same-label pai
 MIN_SPLIT_QUERIES = 256  # ...and enough queries to pay for grouping the block by label
 
 
-def _kernel_source(kind: str, words: int, label_words: int, tile: int, grades: int, ncols: int, joint: bool) -> str:
-    """Source of one kernel counting ``grades`` grades into H's ``ncols`` grade columns.
+def _kernel_source(kind: str, words: int, label_words: int, joint: bool, top: int) -> str:
+    """Source of one kernel; ``grades`` grades are counted into H's ``ncols`` grade columns (run-time arguments).
 
     The kernel adds, for each row (q0, q1, d0, d1) of ``segments``, the histograms of
-    queries q0:q1 (a multiple of ``tile`` of them) against database items d0:d1.
+    queries q0:q1 against database items d0:d1, TILE queries at a time; a last partial
+    tile repeats its last query and drops the copies' counts. Its work arrays come from
+    :func:`_count` (no allocation to compile): the counts J, zero on entry and on exit,
+    per-query sums m and the cell buffer.
 
     ``words`` (``label_words`` for multilabel rows) in 1..MAX_UNROLLED_WORDS unrolls the
     words over word-major database arrays ``dc[w, j]``; 0 loops over each item's row.
     ``joint`` pairs queries (2s, 2s + 1) in slot s of ncell * ncell counts, else each
-    query has a slot of ncell counts.
+    query has a slot of ncell counts. ``top`` caps the labels in common of "multilabel" kernels
+    (grades - 1): a constant of the source, as a run-time cap costs 4% of their throughput.
     """
     if words:
-        code = "; ".join(f"a{{t}}_{w} = qc[q + {{t}}, {w}]" for w in range(words))
+        code = "; ".join(f"a{{t}}_{w} = qc[k{{t}}, {w}]" for w in range(words))
         item = "; ".join(f"c{w} = dc[{w}, j0 : j0 + C]" for w in range(words))
         dist = " + ".join(f"popcount64(a{{t}}_{w} ^ c{w}[j])" for w in range(words))
     else:
-        code, item, dist = "a{t} = qc[q + {t}]", "c = dc[j0 : j0 + C]", "hamming(a{t}, c[j])"
+        code, item, dist = "a{t} = qc[k{t}]", "c = dc[j0 : j0 + C]", "hamming(a{t}, c[j])"
     if kind == "multilabel" and label_words:
-        label = "; ".join(f"l{{t}}_{w} = qr[q + {{t}}, {w}]" for w in range(label_words))
+        label = "; ".join(f"l{{t}}_{w} = qr[k{{t}}, {w}]" for w in range(label_words))
         item_label = "; ".join(f"r{w} = dr[{w}, j0 : j0 + C]" for w in range(label_words))
         common = " + ".join(f"popcount64(l{{t}}_{w} & r{w}[j])" for w in range(label_words))
-        grade = f"min({common}, {grades - 1})"
+        grade = f"min({common}, {top})"
     else:
-        label, item_label = "l{t} = qr[q + {t}]", "r = dr[j0 : j0 + C]"
-        grade = {"none": "0", "class": "(r[j] == l{t})",
-                 "multilabel": f"min(common_bits(l{{t}}, r[j]), {grades - 1})"}[kind]
+        label, item_label = "l{t} = qr[k{t}]", "r = dr[j0 : j0 + C]"
+        grade = {"none": "0", "class": "(r[j] == l{t})", "multilabel": f"min(common_bits(l{{t}}, r[j]), {top})"}[kind]
     cell = f"(({grade}) * nbd + {dist})"
 
     def per_query(fmt, indent=12):
-        return "\n".join(" " * indent + fmt.format(t=t) for t in range(tile))
+        return "\n".join(" " * indent + fmt.format(t=t) for t in range(TILE))
 
     if joint:
-        slots, span = tile // 2, "ncell * ncell"
+        slots, span = TILE // 2, "ncell * ncell"
         cells = [f"{cell.format(t=2 * s)} * ncell + {cell.format(t=2 * s + 1)}" for s in range(slots)]
-        sums = """                Js = J[s * ncell * ncell : (s + 1) * ncell * ncell].reshape(ncell, ncell)
+        sums = """                for v in range(ncell):
+                    m[2 * s + 1, v] = 0
                 for u in range(ncell):
                     row = 0
                     for v in range(ncell):
-                        row += Js[u, v]
-                        m[2 * s + 1, v] += Js[u, v]
-                    m[2 * s, u] += row"""
+                        x = s * span + u * ncell + v
+                        n = J[x]
+                        J[x] = 0
+                        row += n
+                        m[2 * s + 1, v] += n
+                    m[2 * s, u] = row"""
     else:
-        slots, span = tile, "ncell"
+        slots, span = TILE, "ncell"
         cells = [cell.format(t=s) for s in range(slots)]
-        sums = "                m[s] += J[s * ncell : (s + 1) * ncell]"
+        sums = """                for u in range(ncell):
+                    m[s, u] = J[s * span + u]
+                    J[s * span + u] = 0"""
     fill = "\n".join(f"""                cs = cells[{s}]
                 for j in range(C):
-                    cs[j] = {s} * {span} + {cells[s]}""" for s in range(slots))
+                    cs[j] = {s} * span + {cells[s]}""" for s in range(slots))
     count = "\n".join(f"                    J[cells[{s}, j]] += 1" for s in range(slots))
     return f"""
-def kernel(qc, qr, dc, dr, H, segments):
-    nbd = H.shape[1] // {ncols}
-    ncell = {grades} * nbd
-    J = np.zeros({slots} * {span}, dtype=np.int32)
-    m = np.zeros(({tile}, ncell), dtype=np.int64)
-    cells = np.empty(({slots}, {CHUNK}), dtype=np.uint32)
+def kernel(qc, qr, dc, dr, H, segments, grades, ncols, J, m, cells):
+    nbd = H.shape[1] // ncols
+    ncell = grades * nbd
+    span = {span}
     for i in range(segments.shape[0]):
         q0, q1, d0, d1 = segments[i, 0], segments[i, 1], segments[i, 2], segments[i, 3]
-        for q in range(q0, q1 - (q1 - q0) % {tile}, {tile}):
+        for q in range(q0, q1, {TILE}):
+{per_query("k{t} = min(q + {t}, q1 - 1)")}
 {per_query(code)}
 {per_query(label)}
             for j0 in range(d0, d1, {CHUNK}):
@@ -110,20 +118,18 @@ def kernel(qc, qr, dc, dr, H, segments):
 {count}
             for s in range({slots}):
 {sums}
-            J[:] = 0
-            for t in range({tile}):
-                for g in range({grades}):
+            for t in range(min({TILE}, q1 - q)):
+                for g in range(grades):
                     for d in range(nbd):
-                        H[q + t, d * {ncols} + g] += m[t, g * nbd + d]
-            m[:] = 0
+                        H[q + t, d * ncols + g] += m[t, g * nbd + d]
 """
 
 
 _MODULE_HEADER = """\
 # generated by hashdist.kernels.histogram; safe to delete
 import numpy as np
-from numba import njit
 
+from hashdist.kernels import cached_njit
 from hashdist.kernels.popcount import common_bits, hamming, popcount64
 """
 
@@ -139,9 +145,9 @@ def _compile(*key):
     """Write the kernel's source to a module file (named by its digest) and import it.
 
     A real file lets numba's on-disk cache keep the compiled kernel between processes;
-    if the cache directory is not writable the kernel is compiled in memory instead.
+    if the directory is not writable (and holds no copy) the kernel is compiled in memory instead.
     """
-    source = _MODULE_HEADER + "\n\n@njit(nogil=True, boundscheck=False, cache=True)" + _kernel_source(*key)
+    source = _MODULE_HEADER + "\n\n@cached_njit(nogil=True, boundscheck=False)" + _kernel_source(*key)
     name = "hashdist_kernel_" + hashlib.sha256(source.encode()).hexdigest()[:20]
     try:
         directory = _kernel_module_dir()
@@ -158,7 +164,7 @@ def _compile(*key):
         return module.kernel
     except OSError:
         namespace: dict = {}
-        exec(source.replace("cache=True", "cache=False"), namespace)
+        exec(source, namespace)  # no source file: cached_njit compiles it without the cache
         return namespace["kernel"]
 
 
@@ -166,15 +172,15 @@ _KERNELS: dict = {}
 _COMPILE_LOCK = threading.Lock()
 
 
-def _kernel(kind: str, words: int, label_words: int, tile: int, grades: int, ncols: int, joint: bool):
-    key = (kind, words, label_words, tile, grades, ncols, joint)
+def _kernel(kind: str, words: int, label_words: int, joint: bool, top: int):
+    key = (kind, words, label_words, joint, top)
     with _COMPILE_LOCK:
         if key not in _KERNELS:
             _KERNELS[key] = _compile(*key)
     return _KERNELS[key]
 
 
-@njit(nogil=True, cache=True)
+@cached_njit(nogil=True)
 def _apply_explicit(qc, dc, db_start, indptr, indices, grades, max_grade, H):
     """Move each listed pair inside this database block from grade 0 to its grade."""
     N = dc.shape[0]
@@ -207,38 +213,40 @@ def n_grades(kind: str, max_grade: int) -> int:
     return 2 if kind == "class" else max_grade + 1
 
 
-@njit(nogil=True, cache=True)
+@cached_njit(nogil=True)
+def _scatter_by_label(labels, lo, pos, order):
+    """order[pos[l - lo]++] = j for each item j with label l: a counting sort's placement pass."""
+    for j in range(labels.shape[0]):
+        g = labels[j] - lo
+        order[pos[g]] = j
+        pos[g] += 1
+
+
 def _group_by_label(labels, lo, n_labels):
     """Counting sort of items by label - lo in [0, n_labels): (order, starts of each label's run).
 
     starts has n_labels + 2 entries; label n_labels stands for "none" and has an empty run.
     """
     starts = np.zeros(n_labels + 2, dtype=np.int64)
-    for j in range(labels.shape[0]):
-        starts[labels[j] - lo + 1] += 1
-    for i in range(n_labels):
-        starts[i + 1] += starts[i]
+    starts[1 : n_labels + 1] = np.cumsum(np.bincount(labels - lo, minlength=n_labels))
     starts[n_labels + 1] = starts[n_labels]
-    pos = starts[:n_labels].copy()
     order = np.empty(labels.shape[0], dtype=np.int64)
-    for j in range(labels.shape[0]):
-        g = labels[j] - lo
-        order[pos[g]] = j
-        pos[g] += 1
+    _scatter_by_label(labels, lo, starts[:n_labels].copy(), order)
     return order, starts
 
 
 def _count(qc, qr, items, dr, flat, segments, kind, words, label_words, grades, ncols, nbits):
-    """Add the histograms of segments (q0, q1, d0, d1) to ``flat``: tiles of queries, then leftover rows."""
+    """Add the histograms of segments (q0, q1, d0, d1) to ``flat``."""
     segments = np.array(segments, dtype=np.int64).reshape(-1, 4)
-    tails = segments.copy()
-    segments[:, 1] -= (segments[:, 1] - segments[:, 0]) % TILE
-    tails[:, 0] = segments[:, 1]
-    joint = (grades * (nbits + 1)) ** 2 <= MAX_JOINT_CELLS
-    for seg, tile, jt in ((segments, TILE, joint), (tails, 1, False)):
-        seg = seg[(seg[:, 1] > seg[:, 0]) & (seg[:, 3] > seg[:, 2])]
-        if len(seg):
-            _kernel(kind, words, label_words, tile, grades, ncols, jt)(qc, qr, items, dr, flat, seg)
+    segments = segments[(segments[:, 1] > segments[:, 0]) & (segments[:, 3] > segments[:, 2])]
+    if len(segments):
+        ncell = grades * (nbits + 1)
+        joint = ncell**2 <= MAX_JOINT_CELLS
+        slots, span = (TILE // 2, ncell * ncell) if joint else (TILE, ncell)
+        J, m = np.zeros(slots * span, np.int32), np.empty((TILE, ncell), np.int64)
+        cells = np.empty((slots, CHUNK), np.uint32)
+        top = grades - 1 if kind == "multilabel" else 0
+        _kernel(kind, words, label_words, joint, top)(qc, qr, items, dr, flat, segments, grades, ncols, J, m, cells)
 
 
 def _class_split(qc, ql, items, dl, words, nbits):

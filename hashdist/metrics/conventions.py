@@ -15,8 +15,8 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from numba import njit
 
+from hashdist.kernels import cached_njit
 from hashdist.metrics import ranking as rk
 from hashdist.metrics.ranking import _WORST, _boundary, _group_precision_sum
 from hashdist.metrics.registry import BY_KEY, POLICIES, per_query_key
@@ -42,7 +42,7 @@ BY_NAME = {c.name: c for c in CONVENTIONS}
 NEVER, SOMETIMES, ALWAYS = 0, 1, 2  # hashnet: is the query in the mean under no, some, or every tie order
 
 
-@njit(nogil=True, cache=True)
+@cached_njit(nogil=True)
 def _hashnet_inclusion(n, r, K, state, p, worst):
     """Per query: NEVER/SOMETIMES/ALWAYS in HashNet's mean at K, the probability that it is, and for
     SOMETIMES its worst AP@K 'retrieved' given that it is (NaN otherwise).

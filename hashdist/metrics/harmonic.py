@@ -6,6 +6,9 @@
 Both are summed directly when the range is short, taken from an exact table for
 small indices, and otherwise evaluated as ``log1p`` plus Euler-Maclaurin terms
 written as sums of positive parts, so nothing cancels even for N ~ 10^7.
+
+All are helpers of jitted code, compiled into their callers: :func:`hashdist.kernels.jit_helper`,
+the smallest inlined.
 """
 
 import math
@@ -14,12 +17,14 @@ from fractions import Fraction
 import numpy as np
 from numba import njit
 
+from hashdist.kernels import jit_helper
+
 DIRECT = 32  # ranges up to this length are summed term by term
 _EXACT_H = np.array([float(sum((Fraction(1, i) for i in range(1, n + 1)), Fraction(0))) for n in range(DIRECT + 1)])
 
 
 
-@njit(nogil=True, cache=True)
+@jit_helper
 def _inverse_power_diff(a, b, p):
     """1/b^p - 1/a^p for 0 < a < b, as -(b-a)/(ab) * sum_{i<p} a^-(p-1-i) b^-i (no cancellation)."""
     ia, ib = 1.0 / a, 1.0 / b
@@ -29,7 +34,7 @@ def _inverse_power_diff(a, b, p):
     return -(b - a) * ia * ib * s
 
 
-@njit(nogil=True, cache=True)
+@jit_helper
 def _em_tail_diff(a, b):
     """(H_b - ln b) - (H_a - ln a) for a >= DIRECT from H_n - ln n - gamma = 1/(2n) - 1/(12n^2) + ..."""
     s = 0.5 * _inverse_power_diff(a, b, 1)
@@ -40,7 +45,7 @@ def _em_tail_diff(a, b):
     return s
 
 
-@njit(nogil=True, cache=True)
+@njit(inline="always")
 def _direct_diff(a, b):
     s = 0.0
     for i in range(b, a, -1):  # smallest terms first
@@ -48,7 +53,7 @@ def _direct_diff(a, b):
     return s
 
 
-@njit(nogil=True, cache=True)
+@jit_helper
 def harmonic_diff(a, b):
     """H_b - H_a for integers 0 <= a <= b."""
     if b <= a:
@@ -61,7 +66,7 @@ def harmonic_diff(a, b):
     return (_EXACT_H[DIRECT] - _EXACT_H[a]) + math.log1p((b - DIRECT) / DIRECT) + _em_tail_diff(float(DIRECT), float(b))
 
 
-@njit(nogil=True, cache=True)
+@njit(inline="always")
 def log1pmx(u):
     """log(1 + u) - u for u >= 0, with full relative accuracy for small u."""
     if u < 0.5:
@@ -79,7 +84,7 @@ def log1pmx(u):
     return math.log1p(u) - u
 
 
-@njit(nogil=True, cache=True)
+@jit_helper
 def tie_sum(N, n):
     """T(N, n) = sum_{j=1..n} (j-1)/(N+j) for integers N >= 0, n >= 0."""
     if n <= DIRECT:

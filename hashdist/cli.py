@@ -483,9 +483,14 @@ def main(argv=None) -> int:
     try:
         with contextlib.ExitStack() as stack:
             if getattr(args, "engine", None) == "flow":
+                from flows.apiserver import TemporaryAPIServer
+
+                # unless $PREFECT_API_URL names a server, a temporary API server boots while Prefect and Dask load here
+                # (runtime.cli_run stops it if Prefect's profile names one)
+                server = None if os.environ.get("PREFECT_API_URL") else TemporaryAPIServer()
                 from flows import runtime  # importing it sets hashdist's Prefect defaults before Prefect loads
 
-                stack.enter_context(runtime.cli_run(debug=args.debug))
+                stack.enter_context(runtime.cli_run(debug=args.debug, server=server))
             message = COMMANDS[args.command][1](args)
     except InputError as exc:
         if args.debug:

@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import psutil
 import pytest
 
@@ -91,11 +92,19 @@ def test_successful_run_logs_no_error(tmp_path, cli_env, class_dataset):
     assert "telemetry" not in run.stderr
 
 
-def _listening(proc) -> bool:
+def _serving(proc) -> bool:
+    """Whether ``proc`` answers Prefect's health check on a loopback port it listens on."""
     try:
-        return any(c.status == psutil.CONN_LISTEN for c in proc.net_connections(kind="tcp"))
+        ports = [c.laddr.port for c in proc.net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN]
     except psutil.Error:
         return False
+    for port in ports:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/api/health", timeout=0.5).status_code == 200:
+                return True
+        except httpx.HTTPError:
+            pass
+    return False
 
 
 def _running(procs):
@@ -112,16 +121,18 @@ def _running(procs):
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL], ids=lambda s: s.name)
 def test_no_process_outlives_the_cli(tmp_path, cli_env, long_dataset, sig):
+    (tmp_path / "tmp").mkdir()
+    env = {**cli_env, "TMPDIR": str(tmp_path / "tmp")}
     cmd = [HASHDIST, "evaluate", long_dataset, "--out", str(tmp_path / "report"), "--quiet", "--no-html"]
-    cli = subprocess.Popen(cmd, env=cli_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    cli = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     started = []
     try:
-        # wait until the CLI's API server listens: the flow run is then starting or running
+        # wait until the CLI's API server answers: the flow run is then starting or running
         deadline = time.monotonic() + 120
-        while cli.poll() is None and time.monotonic() < deadline and not any(map(_listening, started)):
+        while cli.poll() is None and time.monotonic() < deadline and not any(map(_serving, started)):
             time.sleep(0.1)
             started = psutil.Process(cli.pid).children(recursive=True)
-        assert any(map(_listening, started)), "no API server came up"
+        assert any(map(_serving, started)), "no API server came up"
         started = psutil.Process(cli.pid).children(recursive=True)
         assert cli.poll() is None, "the run ended before it could be interrupted"
         cli.send_signal(sig)
@@ -130,12 +141,34 @@ def test_no_process_outlives_the_cli(tmp_path, cli_env, long_dataset, sig):
         while _running(started) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert not _running(started), [p.cmdline()[:3] for p in _running(started)]
+        assert not list((tmp_path / "tmp").glob("hashdist-prefect-*")), "the API server's database outlived it"
     finally:
         if cli.poll() is None:
             cli.kill()
             cli.wait(timeout=30)
         for proc in _running(started):
             proc.kill()
+
+
+def test_concurrent_temporary_servers_keep_separate_databases():
+    from flows.apiserver import TemporaryAPIServer, template_path
+
+    template = template_path()
+    before = template.stat().st_mtime_ns if template.exists() else None
+    first, second = TemporaryAPIServer(), TemporaryAPIServer()
+    try:
+        assert first.directory != second.directory
+        # each request waits in its server's listen backlog until that server is up (a new template: ~10 s)
+        made = httpx.post(f"{first.api_url}/flows/", json={"name": "only-in-the-first"}, timeout=120)
+        assert made.status_code in (200, 201), made.text
+        names = [[f["name"] for f in httpx.post(f"{server.api_url}/flows/filter", json={}, timeout=120).json()]
+                 for server in (first, second)]
+        assert names == [["only-in-the-first"], []]
+    finally:
+        first.stop()
+        second.stop()
+    assert not Path(first.directory).exists() and not Path(second.directory).exists()
+    assert before is None or template.stat().st_mtime_ns == before, "a server wrote to the template"
 
 
 def test_malformed_cluster_variable_fails_the_run_not_the_import(tmp_path, cli_env, class_dataset):

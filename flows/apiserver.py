@@ -1,0 +1,122 @@
+"""The command line's temporary Prefect API server: started before Prefect loads, gone with the process.
+
+Only the standard library at import, so the CLI starts the server first thing and it boots
+(about 3 s of imports and app set-up) while the CLI imports Prefect and Dask. The CLI binds
+the server's loopback socket and hands it over: it listens from the start, so Prefect's first
+request waits in the backlog until the server is up, and no other process can take the port.
+The server's database lives in a temporary directory that goes with the server: a copy of a
+migrated template kept per user and Prefect version (migrating a new database takes about 8 s).
+"""
+
+from __future__ import annotations
+
+import atexit
+import gc
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+# Prefect's settings for the server process, over the environment: a database of its own, already
+# migrated and with Prefect's block types; no block registration check at start (it would hash every
+# block type and rewrite Prefect's memo store, for a database that never outlives the run); no UI.
+# PREFECT__SERVER_EPHEMERAL runs only the services a temporary server needs, as Prefect's own.
+SERVER_SETTINGS = {"PREFECT_SERVER_DATABASE_MIGRATE_ON_START": "false",
+                   "PREFECT_SERVER_REGISTER_BLOCKS_ON_START": "false",
+                   "PREFECT_MEMOIZE_BLOCK_AUTO_REGISTRATION": "false",
+                   "PREFECT_UI_ENABLED": "false", "PREFECT__SERVER_EPHEMERAL": "1"}
+
+
+class TemporaryAPIServer:
+    """A Prefect API server process for this process: ends with it, even when this one is killed."""
+
+    def __init__(self):
+        self.directory = tempfile.mkdtemp(prefix="hashdist-prefect-")
+        database = Path(self.directory) / "prefect.db"
+        # unless the environment says otherwise: no telemetry (as flows.runtime.set_prefect_defaults), and no
+        # beartype instrumentation of py-key-value (docket's store), whose modules are then compiled afresh at
+        # every start where Python writes no bytecode cache (about 0.1 s)
+        env = {"PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PY_KEY_VALUE_DISABLE_BEARTYPE": "true", **os.environ,
+               **SERVER_SETTINGS,
+               "PREFECT_SERVER_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{database}"}
+        with socket.create_server(("127.0.0.1", 0), backlog=128) as sock:
+            self.api_url = f"http://127.0.0.1:{sock.getsockname()[1]}/api"
+            args = [sys.executable, "-c", "from flows.apiserver import serve; serve()", str(os.getpid()),
+                    str(sock.fileno()), self.directory]
+            # a session of its own: a terminal's Ctrl-C goes to the CLI, which then stops the server
+            self.process = subprocess.Popen(args, env=env, pass_fds=[sock.fileno()], start_new_session=True)
+        # atexit runs after Prefect's log and event workers have sent what they hold
+        atexit.register(self.stop)
+
+    def stop(self) -> None:
+        """Ends the server and removes its database."""
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def template_path() -> Path:
+    """The migrated database that servers copy: $XDG_CACHE_HOME/hashdist (~/.cache/hashdist), per Prefect version."""
+    from importlib.metadata import version
+
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "hashdist" / f"prefect-{version('prefect')}.db"
+
+
+def _migrate(database: Path, template: Path) -> None:
+    """Migrates ``database`` (new) and registers Prefect's block types in it, as a server's first start
+    would; then keeps a copy as ``template`` (best effort: a read-only cache only costs the next run 8 s)."""
+    import asyncio
+    import sqlite3
+
+    from prefect.server.database import provide_database_interface
+    from prefect.server.models.block_registration import run_block_auto_registration
+
+    async def migrate():
+        db = provide_database_interface()
+        await db.create_db()
+        async with await db.session() as session:
+            await run_block_auto_registration(session=session)
+        await (await db.engine()).dispose()
+
+    asyncio.run(migrate())
+    partial = template.with_name(f"{template.name}.{os.getpid()}")
+    try:
+        template.parent.mkdir(parents=True, exist_ok=True)
+        with sqlite3.connect(database) as source, sqlite3.connect(partial) as copy:
+            source.backup(copy)
+        os.replace(partial, template)  # whole or not at all, whichever concurrent run gets there last
+    except (OSError, sqlite3.Error):
+        partial.unlink(missing_ok=True)
+
+
+def serve() -> None:
+    """The server process; ``sys.argv``: the CLI's pid, the listening socket's descriptor, the server's directory."""
+    gc.disable()  # importing Prefect's server makes no garbage, only work for the collector (about 0.3 s)
+    parent, fd, directory = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+
+    def exit_with_parent():
+        while os.getppid() == parent:
+            time.sleep(0.2)
+        shutil.rmtree(directory, ignore_errors=True)
+        os._exit(1)
+
+    threading.Thread(target=exit_with_parent, daemon=True).start()
+    database, template = Path(directory) / "prefect.db", template_path()
+    if template.exists():
+        shutil.copyfile(template, database)
+    else:
+        _migrate(database, template)
+    import uvicorn
+
+    config = uvicorn.Config("prefect.server.api.server:create_app", factory=True, lifespan="on", log_level="error")
+    config.load()  # imports Prefect's server and creates the app
+    gc.freeze()
+    gc.enable()
+    uvicorn.Server(config).run(sockets=[socket.socket(fileno=fd)])

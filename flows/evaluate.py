@@ -28,7 +28,7 @@ from prefect.futures import as_completed
 from flows.runtime import TASK_OPTIONS, cluster_threads, progress_bar, task_runner
 from hashdist.api import Evaluation, build_report, prepare
 from hashdist.cache import resolve_cache
-from hashdist.defaults import DEFAULT_BETA, DEFAULT_RADII
+from hashdist.defaults import DEFAULT_BETA, DEFAULT_DISTANCE_BINS, DEFAULT_RADII
 from hashdist.engine import Partials, finish, query_block_metrics, run_blocks, work_shares
 from hashdist.metrics.registry import headline_rows
 
@@ -76,7 +76,7 @@ def evaluate(
     dataset: str,
     out: str | None = None,
     k: list[int] | None = None,
-    radius: list[int] = DEFAULT_RADII,
+    radius: list[int | float] = DEFAULT_RADII,
     beta: float = DEFAULT_BETA,
     empty_queries: str = "exclude",
     relevance: str | None = None,
@@ -86,6 +86,9 @@ def evaluate(
     hashtable: list[str] = (),
     conventions: list[str] = (),
     protocol: str | None = None,
+    distance: str | None = None,
+    bit_weights: str | None = None,
+    distance_bins: int = DEFAULT_DISTANCE_BINS,
     cache: str | bool | None = None,
     overwrite: bool = False,
     html: bool = True,
@@ -97,7 +100,8 @@ def evaluate(
     ds, params, plan, parameters = prepare(
         dataset, k=k, radius=radius, beta=beta, empty_queries=empty_queries, relevance=relevance,
         max_grade=max_grade, query_block_rows=query_block_rows, db_block_rows=db_block_rows, hashtable=hashtable,
-        conventions=conventions, protocol=protocol,
+        conventions=conventions, protocol=protocol, distance=distance, bit_weights=bit_weights,
+        distance_bins=distance_bins,
     )
     cache_dir = resolve_cache(cache).directory
     cache_arg = False if cache_dir is None else str(cache_dir)

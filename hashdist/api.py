@@ -4,14 +4,24 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from hashdist.cache import resolve_cache
 from hashdist.dataset import Dataset, open_dataset
-from hashdist.defaults import DEFAULT_BETA, DEFAULT_K, DEFAULT_RADII
+from hashdist.defaults import DEFAULT_BETA, DEFAULT_DISTANCE_BINS, DEFAULT_K, DEFAULT_RADII
+from hashdist.distance import (
+    KINDS,
+    DistanceAxis,
+    asymmetric_axis,
+    check_bins,
+    check_scores,
+    check_weights,
+    weighted_axis,
+)
 from hashdist.engine import Plan, RunResult, make_plan, run_local
+from hashdist.errors import InputError
 from hashdist.kernels.hashtable import parse_hashtable_spec
 from hashdist.metrics.conventions import conventions_report
 from hashdist.metrics.summary import MetricParams
@@ -33,11 +43,16 @@ def prepare(
     hashtable=(),
     conventions=(),
     protocol: str | None = None,
+    distance: str | None = None,
+    bit_weights=None,
+    distance_bins: int = DEFAULT_DISTANCE_BINS,
 ) -> tuple[Dataset, MetricParams, Plan, dict]:
     """Open and validate the dataset and parameters and plan the blocks; returns (ds, params, plan, parameters).
 
     ``k=None``: the protocol's cut-offs with ``protocol`` (hashdist.protocols), else DEFAULT_K. A protocol
-    also adds its script's convention.
+    also adds its script's convention. ``distance``: "hamming", "weighted" (needs ``bit_weights``, an array
+    or a .npy path, (B,) or (Q, B)) or "asymmetric" (the dataset's query scores); default "weighted" when
+    ``bit_weights`` is given, else "hamming". ``distance_bins``: G, the bins of a real-valued distance.
     """
     ds = open_dataset(dataset)
     if protocol is not None:
@@ -47,9 +62,17 @@ def prepare(
     k = DEFAULT_K if k is None else k
     hashtables = tuple(parse_hashtable_spec(spec, ds.nbits) for spec in hashtable)
     settings = tuple(f"{bits}x{tables}" for bits, tables in hashtables)
-    params = MetricParams(tuple(k), tuple(radius), float(beta), empty_queries, settings, max_grade, ds.n_database,
-                          conventions=tuple(conventions))
+    distance = distance or ("weighted" if bit_weights is not None else "hamming")
+    if distance not in KINDS:
+        raise InputError(f"--distance {distance!r}: unknown (known: {', '.join(KINDS)})")
+    radius = tuple(_radius_value(r) for r in radius)
+    params = MetricParams(tuple(k), radius, float(beta), empty_queries, settings, max_grade, ds.n_database,
+                          conventions=tuple(conventions), distance=distance)
     params.validate(ds.nbits)
+    axis = _distance_axis(ds, distance, bit_weights, distance_bins, params.radii)
+    if axis is not None:
+        params = replace(params, radius_bins=tuple(axis.position(r) for r in params.radii),
+                         bin_edges=tuple(axis.upper.tolist()))
     plan = make_plan(
         ds,
         relevance=relevance,
@@ -57,6 +80,7 @@ def prepare(
         query_block_rows=query_block_rows,
         db_block_rows=db_block_rows,
         hashtables=hashtables,
+        distance=axis,
     )
     parameters = {
         "k": list(params.ks),
@@ -70,8 +94,42 @@ def prepare(
         "hashtable": list(settings),
         "protocol": protocol,
         "conventions": list(params.conventions),
+        "distance": distance,
+        "bit_weights": bit_weights if isinstance(bit_weights, (str, os.PathLike)) or bit_weights is None else "array",
+        "distance_bins": None if axis is None else axis.bins,
     }
+    if isinstance(parameters["bit_weights"], os.PathLike):
+        parameters["bit_weights"] = str(parameters["bit_weights"])
     return ds, params, plan, parameters
+
+
+def _radius_value(r):
+    """A radius as given: an int when it is a whole number (report keys "0", "1"), else a float."""
+    if isinstance(r, bool) or not isinstance(r, (int, float, np.integer, np.floating)):
+        raise InputError(f"--radius: {r!r} is not a number")
+    return int(r) if float(r).is_integer() else float(r)
+
+
+def _distance_axis(ds: Dataset, distance: str, bit_weights, bins, radii) -> DistanceAxis | None:
+    """The bins of a weighted or asymmetric distance (hashdist.distance), or None for plain Hamming."""
+    if distance != "weighted" and bit_weights is not None:
+        raise InputError(f"--bit-weights: only with --distance weighted, not {distance}")
+    if distance == "hamming":
+        return None
+    bins = check_bins(bins)
+    if distance == "weighted":
+        if bit_weights is None:
+            raise InputError("--distance weighted needs --bit-weights W.npy")
+        if isinstance(bit_weights, (str, os.PathLike)):
+            from hashdist.ingest import load_array
+
+            bit_weights = load_array(bit_weights)
+        return weighted_axis(check_weights(bit_weights, ds.nbits, ds.n_queries), bins, radii)
+    if not ds.has("queries/scores"):
+        raise InputError(f"{ds.url}: --distance asymmetric needs the queries' real-valued scores "
+                         "(hashdist ingest --query-scores)")
+    scores = check_scores(ds.read("queries/scores", 0, ds.n_queries), ds.nbits, ds.n_queries, "queries/scores")
+    return asymmetric_axis(scores, bins, radii, ds.fingerprints["queries/scores"].digest)
 
 
 def build_report(ds: Dataset, plan: Plan, parameters: dict, result: RunResult, timing: dict, engine: dict) -> dict:
@@ -90,6 +148,7 @@ def build_report(ds: Dataset, plan: Plan, parameters: dict, result: RunResult, t
             "relevance": plan.relevance,
             "fingerprint": ds.fingerprint,
         },
+        "distance": _distance_report(plan.distance, result.metrics),
         "grades": {"largest": plan.largest_grade, "cap": parameters["max_grade"],
                    "relevant_pairs_capped": int(result.per_query["capped_pairs"].sum())},
         "code_usage": result.code_usage,
@@ -100,6 +159,13 @@ def build_report(ds: Dataset, plan: Plan, parameters: dict, result: RunResult, t
         "throughput": {"pairs": plan.pairs, "pairs_per_s": plan.pairs / wall if wall else None},
         "engine": engine,
     }
+
+
+def _distance_report(axis: DistanceAxis | None, metrics: dict) -> dict:
+    """The ranking distance; for a binned one its bins and the width of mAP's certified interval [worst, best]."""
+    if axis is None:
+        return {"kind": "hamming", "exact": True}
+    return {**axis.summary(), "map_interval_width": metrics["map"]["best"] - metrics["map"]["worst"]}
 
 
 @dataclass

@@ -23,6 +23,7 @@ import numpy as np
 
 from hashdist.bits import check_code_convention, code_values, numpy_packed_to_words, pack_bits
 from hashdist.dataset import DEFAULT_CHUNK_ROWS, DEFAULT_QUERY_CHUNK_ROWS, MAX_NBITS, DatasetWriter
+from hashdist.distance import check_scores
 from hashdist.errors import InputError
 from hashdist.ingest import check_relevant
 
@@ -155,11 +156,13 @@ class Evaluator:
         self.nbits = self.nbits or other.nbits
         return self
 
-    def compute(self, *, relevant=None, threads: int | None = None, **options) -> dict:
+    def compute(self, *, relevant=None, query_scores=None, threads: int | None = None, **options) -> dict:
         """The report document of everything added so far (see :func:`hashdist.evaluate` for the options).
 
         ``relevant``: explicit ground truth instead of labels, as a CSR triple (indptr, indices[, grades])
-        or a list with each query's relevant database indices.
+        or a list with each query's relevant database indices. ``query_scores``: the queries' real-valued
+        vectors (Q, B), ranked by the asymmetric distance -y.b (docs/metrics.md, section 4b);
+        ``bit_weights=`` (B,) or (Q, B) ranks by weighted Hamming distance.
         """
         from hashdist.api import evaluate_local
 
@@ -167,16 +170,20 @@ class Evaluator:
         for side, name in ((db, "add_database"), (queries, "add_queries")):
             if not side.rows:
                 raise InputError(f"{name}: no rows were added")
+        scores = None
+        if query_scores is not None:
+            scores = check_scores(as_numpy(query_scores, "query_scores"), self.nbits, queries.rows, "query_scores")
+            options.setdefault("distance", "asymmetric")
         url = f"memory://hashdist-{uuid.uuid4().hex}"
         try:
-            self._write(url, _relevant_csr(relevant, queries.rows, db.rows))
+            self._write(url, _relevant_csr(relevant, queries.rows, db.rows), scores)
             report = evaluate_local(url, cache=False, threads=threads, **options).report
         finally:
             _remove_memory_dataset(url)
         report["dataset"]["path"] = "<arrays>"
         return report
 
-    def _write(self, url: str, csr) -> None:
+    def _write(self, url: str, csr, scores=None) -> None:
         db = self._parts["database"]
         kinds = [db.label_kind] if db.label_kind else []
         if csr is not None:
@@ -193,6 +200,8 @@ class Evaluator:
                     writer.add_labels(part, labels)
             if csr is not None:
                 writer.add_relevant(*csr)
+            if scores is not None:
+                writer.add_scores(scores)
 
 
 def _pack_labels(arr: np.ndarray, name: str, rows: int) -> tuple[np.ndarray, str, int]:
@@ -238,17 +247,18 @@ def _remove_memory_dataset(url: str) -> None:
 
 
 def evaluate_codes(query_codes, db_codes, query_labels=None, db_labels=None, *, relevant=None, nbits=None,
-                   threads: int | None = None, **options) -> dict:
+                   query_scores=None, threads: int | None = None, **options) -> dict:
     """The report document for in-memory codes (the same as ``hashdist.evaluate`` on them ingested).
 
     ``relevant`` replaces labels with explicit ground truth (a CSR triple or a list of index arrays per
     query); ``nbits`` means the codes are packed ``numpy.packbits`` rows of that many bits. Options as for
     :func:`hashdist.evaluate`: k, radius, beta, empty_queries, relevance, max_grade, hashtable,
-    query_block_rows, db_block_rows. Writes no files.
+    query_block_rows, db_block_rows, bit_weights, distance_bins. ``query_scores``: rank by the asymmetric
+    distance to these real-valued query vectors. Writes no files.
     """
     if (query_labels is None) != (db_labels is None):
         raise InputError("query_labels and db_labels must be given together")
     evaluator = Evaluator(nbits)
     evaluator.add_database(db_codes, db_labels)
     evaluator.add_queries(query_codes, query_labels)
-    return evaluator.compute(relevant=relevant, threads=threads, **options)
+    return evaluator.compute(relevant=relevant, query_scores=query_scores, threads=threads, **options)

@@ -12,7 +12,7 @@ import json
 import os
 import sys
 
-from hashdist.defaults import DEFAULT_K, DEFAULT_RADII
+from hashdist.defaults import DEFAULT_DISTANCE_BINS, DEFAULT_K, DEFAULT_RADII
 from hashdist.errors import InputError
 from hashdist.metrics.conventions import CONVENTIONS
 from hashdist.protocols import PROTOCOLS
@@ -32,6 +32,15 @@ Every order-dependent metric is reported for the three tie policies (expected
 over all orders of items at equal Hamming distance, best, worst). See README.md
 and docs/metrics.md (the metric definitions).
 """
+
+
+def _number(text: str):
+    """A radius: an int when whole ("2"), else a float ("1.5")."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    return int(value) if value.is_integer() else value
 
 
 class _Parser(argparse.ArgumentParser):
@@ -56,6 +65,8 @@ def _add_ingest(sub):
     p.add_argument("--query-relevant", metavar="REL.npz", help="explicit ground truth: CSR indptr, indices[, grades]")
     p.add_argument("--db-features", metavar="F.npy", help="(N, D) float32/float64 features, for hashdist groundtruth")
     p.add_argument("--query-features", metavar="F.npy", help="(Q, D) query features, with --db-features")
+    p.add_argument("--query-scores", metavar="S.npy",
+                   help="(Q, B) real-valued query vectors (before sign), for evaluate --distance asymmetric")
     p.add_argument("--relevance", choices=["class", "multilabel", "explicit"], help="default relevance kind")
     p.add_argument("--packed", action="store_true", help="codes are numpy packbits uint8 rows")
     p.add_argument("--nbits", type=int, help="bits per code with --packed")
@@ -92,6 +103,7 @@ def _run_ingest(a):
     ingest(
         a.out, a.db_codes, a.query_codes, db_labels=a.db_labels, query_labels=a.query_labels,
         query_relevant=a.query_relevant, db_features=a.db_features, query_features=a.query_features,
+        query_scores=a.query_scores,
         relevance=a.relevance, packed=a.packed, nbits=a.nbits,
         chunk_rows=a.chunk_rows, query_chunk_rows=a.query_chunk_rows, overwrite=a.overwrite,
     )
@@ -238,8 +250,20 @@ def _add_evaluate(sub):
     p.add_argument("--out", required=True, metavar="DIR")
     p.add_argument("--k", type=int, nargs="+",
                    help=f"cut-offs K (default: the protocol's, else {' '.join(map(str, DEFAULT_K))})")
-    p.add_argument("--radius", type=int, nargs="+", default=list(DEFAULT_RADII),
-                   help=f"Hamming radii (default {' '.join(map(str, DEFAULT_RADII))})")
+    p.add_argument("--radius", type=_number, nargs="+", default=list(DEFAULT_RADII),
+                   help=f"radii r, in bits (Hamming) or in the distance's units (default "
+                   f"{' '.join(map(str, DEFAULT_RADII))}); mLGAP is at the integer radii, in Hamming bits")
+    p.add_argument("--distance", choices=["hamming", "weighted", "asymmetric"],
+                   help="the ranking distance: plain Hamming (default), weighted Hamming (default with "
+                   "--bit-weights) or asymmetric -y.b against the queries' real-valued scores (ingest --query-scores). "
+                   "A real-valued distance is counted in bins, ties within a bin: each order-dependent metric's "
+                   "[worst, best] then certainly holds the unbinned value (docs/metrics.md, section 4b)")
+    p.add_argument("--bit-weights", metavar="W.npy",
+                   help="per-bit weights, (B,) or one row per query (Q, B), finite and >= 0; integer weights give "
+                   "exact results")
+    p.add_argument("--distance-bins", type=int, default=DEFAULT_DISTANCE_BINS, metavar="G",
+                   help=f"bins of a real-valued distance (default {DEFAULT_DISTANCE_BINS}); more bins, narrower "
+                   "certified intervals")
     p.add_argument("--beta", type=float, default=1.0, help="F-beta's beta (default 1)")
     p.add_argument("--empty-queries", choices=["exclude", "zero"], default="exclude",
                    help="queries without relevant items: excluded from means (default) or counted as 0")
@@ -277,7 +301,8 @@ def _evaluate_into(a):
     options = dict(
         k=a.k, radius=a.radius, beta=a.beta, empty_queries=a.empty_queries, relevance=a.relevance,
         max_grade=a.max_grade, query_block_rows=a.query_block_rows, db_block_rows=a.db_block_rows,
-        hashtable=a.hashtable, conventions=a.convention, protocol=a.protocol,
+        hashtable=a.hashtable, conventions=a.convention, protocol=a.protocol, distance=a.distance,
+        bit_weights=a.bit_weights, distance_bins=a.distance_bins,
     )
     cache = False if a.no_cache else a.cache
     if a.engine == "local":

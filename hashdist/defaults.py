@@ -5,3 +5,4 @@ DEFAULT_RADII = (0, 1, 2)  # Hamming radii of the radius metrics and mLGAP
 DEFAULT_BETA = 1.0  # F-beta's beta
 DEFAULT_QUERY_BLOCK_ROWS = 2048
 DEFAULT_DB_BLOCK_ROWS = 262144
+DEFAULT_DISTANCE_BINS = 4096  # bins of a real-valued ranking distance (weighted Hamming, asymmetric)

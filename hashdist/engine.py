@@ -24,8 +24,10 @@ from hashdist.cache import BlockCache
 from hashdist.codeusage import bit_ones_block, code_usage
 from hashdist.dataset import Dataset, combine_digests, open_dataset
 from hashdist.defaults import DEFAULT_DB_BLOCK_ROWS, DEFAULT_QUERY_BLOCK_ROWS
+from hashdist.distance import DistanceAxis
 from hashdist.errors import InputError
 from hashdist.kernels import KERNEL_VERSION
+from hashdist.kernels.binned import binned_histogram_block
 from hashdist.kernels.codecounts import ball_lookup_table, code_counts, max_bucket_within, merge_code_counts
 from hashdist.kernels.hashtable import hashtable_counts
 from hashdist.kernels.histogram import histogram_block
@@ -58,6 +60,7 @@ class Plan:
     histogram_blocks: tuple[Block, ...]
     count_blocks: tuple[CountBlock, ...]
     hashtables: tuple[tuple[int, int], ...] = ()  # (K bits, L tables) per hashtable-bucket setting
+    distance: DistanceAxis | None = None  # the bins of a ranking distance other than plain Hamming
 
     @property
     def pairs(self) -> int:
@@ -96,14 +99,16 @@ def make_plan(
     query_block_rows: int | None = None,
     db_block_rows: int | None = None,
     hashtables: tuple[tuple[int, int], ...] = (),
+    distance: DistanceAxis | None = None,
 ) -> Plan:
-    """Blocks aligned to chunks, each keyed on the fingerprints of the rows it reads."""
+    """Blocks aligned to chunks, each keyed on the fingerprints of the rows it reads (and the distance's bins)."""
     relevance = check_relevance(ds, relevance)
     largest_grade = largest_possible_grade(ds, relevance)
     qrows = block_rows(query_block_rows, ds.chunk_rows("queries"), DEFAULT_QUERY_BLOCK_ROWS, "--query-block-rows")
     drows = block_rows(db_block_rows, ds.chunk_rows("database"), DEFAULT_DB_BLOCK_ROWS, "--db-block-rows")
     fp = ds.fingerprints
-    common = (KERNEL_VERSION, ds.nbits, relevance, largest_grade, *(f"{bits}x{tables}" for bits, tables in hashtables))
+    common = (KERNEL_VERSION, ds.nbits, relevance, largest_grade, *(f"{bits}x{tables}" for bits, tables in hashtables),
+              *(("distance", distance.digest) if distance is not None else ()))
 
     def query_digest(q0, q1):
         rel = ds.relevant_digest(q0, q1) if relevance == "explicit" else fp["queries/labels"].rows_digest(q0, q1)
@@ -129,14 +134,15 @@ def make_plan(
         for (d0, d1) in db_blocks
     )
     return Plan(ds.url, ds.nbits, relevance, largest_grade, max_radius, qrows, drows, tuple(query_blocks), hist, counts,
-                tuple(hashtables))
+                tuple(hashtables), distance)
 
 
 # -- block computations (each opens the dataset itself, so it can run anywhere) --
 
 
 def compute_histogram(plan: Plan, block: Block, ds: Dataset | None = None) -> dict[str, np.ndarray]:
-    """The block's partial results: ``H`` and, per hashtable setting, per-query TP and retrieved counts."""
+    """The block's partial results: ``H`` and, per hashtable setting, per-query TP and retrieved counts;
+    with a distance other than plain Hamming, ``H`` is over its bins and ``H_hamming`` the plain Hamming one."""
     ds = ds or open_dataset(plan.url)
     qc = ds.codes("queries", block.q0, block.q1)
     dc = ds.codes("database", block.d0, block.d1)
@@ -149,6 +155,11 @@ def compute_histogram(plan: Plan, block: Block, ds: Dataset | None = None) -> di
         "H": histogram_block(qc, dc, plan.nbits, plan.relevance, qrel, drel, db_start=block.d0,
                              max_grade=plan.largest_grade)
     }
+    if plan.distance is not None:
+        scores = ds.read("queries/scores", block.q0, block.q1) if plan.distance.kind == "asymmetric" else None
+        result["H_hamming"] = result["H"]
+        result["H"] = binned_histogram_block(plan.distance, qc, dc, plan.nbits, plan.relevance, qrel, drel, q0=block.q0,
+                                             scores=scores, db_start=block.d0, max_grade=plan.largest_grade)
     for bits, tables in plan.hashtables:
         tp, retrieved = hashtable_counts(qc, dc, plan.nbits, bits, tables, qrel, drel, plan.relevance,
                                          db_start=block.d0)
@@ -261,9 +272,10 @@ def query_block_metrics(plan: Plan, q0: int, q1: int, partials: dict, table: Cod
                         ds: Dataset | None = None):
     """M_k and every per-query value for queries [q0, q1) from their summed partial results."""
     queries = (ds or open_dataset(plan.url)).codes("queries", q0, q1)
-    shells = partials["H"][:, : plan.max_radius + 1, :].sum(axis=2)
+    hamming = partials.get("H_hamming")
+    shells = (partials["H"] if hamming is None else hamming)[:, : plan.max_radius + 1, :].sum(axis=2)
     M = max_bucket_within(queries, table.codes, table.counts, plan.nbits, plan.max_radius, table.slots, shells)
-    per_query = per_query_metrics(partials["H"], M, params)
+    per_query = per_query_metrics(partials["H"], M, params, hamming)
     per_query.update({key: value for key, value in partials.items() if key.startswith("hashtable_")})
     return per_query
 

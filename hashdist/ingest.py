@@ -14,6 +14,7 @@ import numpy as np
 
 from hashdist.bits import check_code_convention, code_values, numpy_packed_to_words, pack_bits
 from hashdist.dataset import DEFAULT_CHUNK_ROWS, DEFAULT_QUERY_CHUNK_ROWS, MAX_NBITS, DatasetWriter
+from hashdist.distance import check_scores
 from hashdist.errors import InputError
 
 
@@ -185,6 +186,7 @@ def ingest(
     query_relevant=None,
     db_features=None,
     query_features=None,
+    query_scores=None,
     relevance: str | None = None,
     packed: bool = False,
     nbits: int | None = None,
@@ -226,6 +228,9 @@ def ingest(
                 f"{query_features}: queries have {qf.shape[1]} feature dimensions but {db_features} has {df.shape[1]}"
             )
         features = {"database": (df, db_features), "queries": (qf, query_features)}
+    scores = None
+    if query_scores is not None:
+        scores = check_scores(load_array(query_scores), b_q, qs.shape[0], str(query_scores))
     csr = None
     if query_relevant is not None:
         csr = load_relevant(query_relevant, qs.shape[0], db.shape[0])
@@ -258,6 +263,8 @@ def ingest(
                     writer.add_features(part, block)
         if csr is not None:
             writer.add_relevant(*csr)
+        if scores is not None:
+            writer.add_scores(scores)
     return str(out)
 
 

@@ -71,9 +71,27 @@ def json_safe(x):
 # -- tables (the terminal and the HTML page show the same ones) -----------------
 
 
+def distance_words(report: dict) -> tuple[str, str]:
+    """(the ranking distance's name, what counts as a tie) from the report's ``distance`` section."""
+    d = report.get("distance") or {"kind": "hamming"}
+    if d["kind"] == "hamming":
+        return "Hamming distance", "ties"
+    name = {"weighted": "weighted Hamming distance", "asymmetric": "asymmetric distance -y.b"}[d["kind"]]
+    if d.get("exact"):
+        return name, "ties"
+    return f"{name} in {d['bins_used']} bins", "ties: items in one bin"
+
+
+def _in_distance(text: str, report: dict) -> str:
+    """A caption written for Hamming distances, for the report's ranking distance (mLGAP stays Hamming)."""
+    name, _ = distance_words(report)
+    return text if name == "Hamming distance" else text.replace("Hamming", name.removesuffix(" distance"), 1)
+
+
 def tables(report: dict) -> list[tuple[str, list[str], list[list[str]]]]:
     """(caption, header, rows) of every tabulated measure of the registry, in registry order."""
     m = report["metrics"]
+    name, ties = distance_words(report)
     ranked = [[measure.label_for(value, variant), *(fmt(v[p]) for p in POLICIES)]
               for measure in MEASURES if measure.policies and measure.parameter != "cutoff"  # plotted: P@N, R@N
               for value in (m[measure.key] if measure.parameter else [None])
@@ -83,10 +101,14 @@ def tables(report: dict) -> list[tuple[str, list[str], list[list[str]]]]:
                   if not measure.policies and not measure.parameter and not measure.fields and not measure.curve]
     order_free += [[f"{measure.label_for()} ({field})", fmt(m[measure.key][field])] for measure in MEASURES
                    if not measure.parameter and measure.fields for field in measure.fields]
-    out = [("Ranking by Hamming distance; ties: expected over all orders, best and worst order",
-            ["metric", *POLICIES], ranked),
+    out = [(f"Ranking by {name}; {ties}: expected over all orders, best and worst order", ["metric", *POLICIES],
+            ranked),
            ("Independent of tie order", ["metric", "value"], order_free)]
-    for parameter, caption in (("radius", "Retrieval within Hamming radius r (micro: counts summed over queries)"),
+    radius_caption = "Retrieval within Hamming radius r (micro: counts summed over queries)"
+    if name != "Hamming distance":
+        radius_caption = (f"Retrieval within radius r of the {name.split(' in ')[0]} (micro: counts summed over "
+                          "queries); mLGAP stays plain Hamming: at the integer radii, in bits")
+    for parameter, caption in (("radius", radius_caption),
                                ("hashtable", "Hashtable-bucket paradigm, L tables of K-bit substrings (micro)")):
         measures = [x for x in MEASURES if x.parameter == parameter]
         values = list(m[measures[0].key]) if measures else []
@@ -154,8 +176,9 @@ def plots(report: dict, per_query: dict, code_counts: np.ndarray) -> dict[str, s
                 last = (p["recall"], p["precision"])
         return fig, ax
 
-    fig, ax = pr_plot(m["pr_curve"], lambda p: f"r={p['radius']}")
-    ax.set(xlabel="recall (micro)", ylabel="precision (micro)", title="PR curve (labels: Hamming radius)",
+    fig, ax = pr_plot(m["pr_curve"], lambda p: f"r={p['radius']:.4g}")
+    ax.set(xlabel="recall (micro)", ylabel="precision (micro)", title=_in_distance("PR curve (labels: Hamming radius)",
+                                                                                    report),
            xlim=(0, 1.02), ylim=(0, 1.02))
     figs["pr_curve"] = fig
 
@@ -251,7 +274,7 @@ def render_html(report: dict, images: dict[str, str]) -> str:
     )
     body = "".join(html_table(caption, header, rows, f"table-{i}")
                    for i, (caption, header, rows) in enumerate(tables(report)))
-    figures = "".join(html_figure(name, data, CAPTIONS[name]) for name, data in images.items())
+    figures = "".join(html_figure(name, data, _in_distance(CAPTIONS[name], report)) for name, data in images.items())
     return page("hashdist report", f"{head}<h2>Metrics</h2>{body}<h2>Plots</h2>{figures}")
 
 

@@ -124,3 +124,10 @@ def lock_held_elsewhere(target):
         except subprocess.TimeoutExpired:
             holder.kill()
             holder.wait()
+
+
+@pytest.fixture
+def cli_env(tmp_path):
+    """The CLI's environment: Prefect's temporary API server (no PREFECT_API_URL), an empty block cache."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "HASHDIST_CLUSTER_KWARGS")}
+    return {**env, "HASHDIST_CACHE": str(tmp_path / "cache")}

@@ -1,7 +1,6 @@
 """The flow engine as the CLI runs it: bad input in one line, no telemetry errors, no process outliving
 the CLI, and a malformed cluster variable failing the run rather than the import."""
 
-import os
 import signal
 import subprocess
 import sys
@@ -16,13 +15,6 @@ from hashdist.errors import InputError
 from tests.conftest import make_dataset
 
 HASHDIST = str(Path(sys.executable).parent / "hashdist")
-
-
-@pytest.fixture
-def cli_env(tmp_path):
-    """The CLI's environment: Prefect's temporary API server (no PREFECT_API_URL), an empty block cache."""
-    env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "HASHDIST_CLUSTER_KWARGS")}
-    return {**env, "HASHDIST_CACHE": str(tmp_path / "cache")}
 
 
 @pytest.fixture(scope="module")

@@ -78,10 +78,11 @@ def micro_at_radius(H, r, beta: float = 1.0) -> dict:
     return micro_scores(int(TP[r]), int(FP[r]), int(FN[r]), beta)
 
 
-def pr_curve_from_counts(TP, FP, FN) -> list[dict]:
-    """Micro PR points for every radius at which some query retrieves something."""
+def pr_curve_from_counts(TP, FP, FN, radii=None) -> list[dict]:
+    """Micro PR points for every radius at which some query retrieves something; ``radii``: the radius of
+    each position of the distance axis (default: the position itself, a Hamming radius)."""
     return [
-        {"radius": int(r), "precision": TP[r] / (TP[r] + FP[r]),
+        {"radius": int(r) if radii is None else radii[r], "precision": TP[r] / (TP[r] + FP[r]),
          "recall": TP[r] / (TP[r] + FN[r]) if TP[r] + FN[r] else 0.0}
         for r in range(len(TP))
         if TP[r] + FP[r] > 0

@@ -436,8 +436,9 @@ def ndcg_structhash_at_k(H, k, policy: str = "expected") -> np.ndarray:
 # -- ROC AUC -------------------------------------------------------------------
 
 
-def roc_auc(H) -> np.ndarray:
-    """Fraction of (relevant, irrelevant) pairs ranked correctly, ties counting 1/2.
+def roc_auc(H, policy: str = "expected") -> np.ndarray:
+    """Fraction of (relevant, irrelevant) pairs ranked correctly; a tied pair counts 1/2 (expected over tie
+    orders), 1 (best) or 0 (worst).
 
     NaN unless the query has at least one relevant and one irrelevant item.
     """
@@ -445,7 +446,8 @@ def roc_auc(H) -> np.ndarray:
     q = n - r
     R, Qn = r.sum(axis=1), q.sum(axis=1)
     irrelevant_after = Qn[:, None] - np.cumsum(q, axis=1)
-    correct = (r * (2 * irrelevant_after + q)).sum(axis=1)  # twice the count, exact in int64
+    tied = {"expected": 1, "best": 2, "worst": 0}[policy]
+    correct = (r * (2 * irrelevant_after + tied * q)).sum(axis=1)  # twice the count, exact in int64
     ok = (R > 0) & (Qn > 0)
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(ok, correct / (2.0 * R * np.where(ok, Qn, 1)), np.nan)

@@ -47,6 +47,7 @@ class Measure:
     per_query_name: str = ""  # name of the per-query value when it differs from the mean's (AP for mAP)
     column: str = ""  # heading in a table with a row per parameter value (radius, hashtable setting)
     curve: bool = False  # a list of points, plotted rather than tabulated
+    hamming: bool = False  # always over plain Hamming distances, whatever the ranking distance
 
     def values(self, params) -> tuple:
         """The parameter values a run reports: its K, its cut-offs N, its radii, its hashtable settings, or (None,)."""
@@ -90,7 +91,7 @@ def _hashtable(totals, setting, beta):
 
 
 def _pr_curve(totals, _, beta):
-    return rad.pr_curve_from_counts(totals["tp"], totals["fp"], totals["fn"])
+    return rad.pr_curve_from_counts(totals["tp"], totals["fp"], totals["fn"], totals.get("bin_edges"))
 
 
 def _auprc(totals, _, beta):
@@ -129,8 +130,10 @@ MEASURES: tuple[Measure, ...] = (
             per_query=_ranked(rk.recall_at_k)),
     Measure("pr_curve_by_rank", "PR curve by rank", "the points (R@N, P@N) over the grid of N, expected over tie "
             "orders, macro over queries", from_metrics=_pr_curve_by_rank, curve=True),
-    Measure("auc", "AUC", "fraction of (relevant, irrelevant) pairs ranked correctly, ties counting 1/2",
-            per_query=lambda H, M, _, variant, policy: rk.roc_auc(H), queries="with_irrelevant", headline=True),
+    Measure("auc", "AUC", "fraction of (relevant, irrelevant) pairs ranked correctly; a tied pair counts 1/2 "
+            "(expected), 1 (best) or 0 (worst)", policies=POLICIES,
+            per_query=lambda H, M, _, variant, policy: rk.roc_auc(H, policy), queries="with_irrelevant",
+            headline=True),
     Measure("precision_at_radius", "P@r={} (macro)", "relevant share of the items within radius r (0 if none)",
             parameter="radius", per_query=lambda H, M, r, variant, policy: rad.precision_at_radius(H, r),
             column="P (macro)"),
@@ -147,11 +150,11 @@ MEASURES: tuple[Measure, ...] = (
     Measure("mlgap_at_radius", "mLGAP@{}", "mean local group average precision: sum over k <= r of "
             "TP_k / (M_k V_k), over r + 1", parameter="radius",
             per_query=lambda H, M, r, variant, policy: rad.lgap_at_radius(H, M, r), headline=True,
-            stored_per_query=True, per_query_name="lgap_at_radius", column="mLGAP"),
+            stored_per_query=True, per_query_name="lgap_at_radius", column="mLGAP", hamming=True),
     Measure("retrieved_nothing_at_radius", "empty@r={}", "queries whose radius-r ball holds no database item",
             parameter="radius", from_totals=_retrieved_nothing, column="empty queries"),
-    Measure("pr_curve", "PR curve", "micro precision and recall at every radius 0..B that retrieves something",
-            from_totals=_pr_curve, curve=True),
+    Measure("pr_curve", "PR curve", "micro precision and recall at every radius 0..B (every bin's upper edge "
+            "for a binned distance) that retrieves something", from_totals=_pr_curve, curve=True),
     Measure("auprc", "AUPRC", "area under the micro PR curve: step sum and trapezoid", from_totals=_auprc,
             fields=("step", "trapezoid"), headline=True),
     Measure("hashtable", "hashtable {}", "hashtable-bucket paradigm: items colliding with the query in one of L "
@@ -174,7 +177,7 @@ def headline_rows(metrics: dict, radius=None) -> list[tuple[str, dict]]:
             continue
         values = list(metrics[m.key]) if m.parameter else [None]
         if m.parameter == "radius":
-            values = [str(radius) if radius is not None else max(values, key=int)]
+            values = [str(radius) if radius is not None else max(values, key=float)]
         for value in values:
             v = lookup(metrics, m, value, m.headline_variant)
             if isinstance(v, dict) and not m.policies:

@@ -36,14 +36,23 @@ class MetricParams:
     max_grade: int | None = None  # the user's cap on graded relevance; None: uncapped (docs/metrics.md, section 5)
     n_database: int | None = None  # database items (Nall): where the grid of cut-offs N ends
     conventions: tuple[str, ...] = ()  # published scripts' mAP@K to reproduce (hashdist.metrics.conventions)
+    distance: str = "hamming"  # the ranking distance (hashdist.distance): radii are in its units
+    radius_bins: tuple[int, ...] | None = None  # a binned distance: the last bin inside each radius
+    bin_edges: tuple[float, ...] | None = None  # ... and every bin's upper edge (where the PR curve's points lie)
 
     def validate(self, nbits: int) -> None:
         from hashdist.errors import InputError
 
         if not self.ks or any(int(k) != k or k < 1 for k in self.ks):
             raise InputError(f"--k: every K must be a positive integer, got {list(self.ks)}")
-        if not self.radii or any(int(r) != r or not 0 <= r <= nbits for r in self.radii):
+        if not self.radii:
+            raise InputError("--radius: give at least one radius")
+        if self.distance == "hamming" and any(int(r) != r or not 0 <= r <= nbits for r in self.radii):
             raise InputError(f"--radius: every radius must be an integer in 0..{nbits}, got {list(self.radii)}")
+        if self.distance != "hamming" and not all(math.isfinite(r) for r in self.radii):
+            raise InputError(f"--radius: every radius must be a finite number, got {list(self.radii)}")
+        if self.distance == "weighted" and any(r < 0 for r in self.radii):
+            raise InputError(f"--radius: a weighted Hamming radius must be >= 0, got {list(self.radii)}")
         if not (isinstance(self.beta, (int, float)) and math.isfinite(self.beta) and self.beta > 0):
             raise InputError(f"--beta must be a finite number > 0, got {self.beta}")
         if self.empty_queries not in EMPTY_QUERY_RULES:
@@ -56,8 +65,19 @@ class MetricParams:
                 raise InputError(f"--convention {name!r}: unknown convention (known: {', '.join(BY_NAME)})")
 
     @property
+    def hamming_radii(self) -> tuple[int, ...]:
+        """The radii that are plain Hamming radii (mLGAP's): all of them for the Hamming distance, else the
+        integer ones (mLGAP stays a plain-Hamming quantity, docs/metrics.md section 4b)."""
+        return tuple(int(r) for r in self.radii if float(r).is_integer() and r >= 0)
+
+    @property
     def max_radius(self) -> int:
-        return max(self.radii)
+        """The largest Hamming radius: how far M_k is needed."""
+        return max(self.hamming_radii, default=0)
+
+    def position(self, radius) -> int:
+        """Where radius r ends on the histogram's distance axis."""
+        return int(radius) if self.radius_bins is None else self.radius_bins[self.radii.index(radius)]
 
     @property
     def cutoffs(self) -> tuple[int, ...]:
@@ -74,8 +94,13 @@ def cap_grades(H: np.ndarray, cap: int) -> tuple[np.ndarray, np.ndarray]:
     return capped, H[:, :, cap + 1 :].sum(axis=(1, 2))
 
 
-def per_query_metrics(H: np.ndarray, max_bucket: np.ndarray, params: MetricParams) -> dict[str, np.ndarray]:
+def per_query_metrics(H: np.ndarray, max_bucket: np.ndarray, params: MetricParams,
+                      hamming: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """Every per-query value of the registry's per-query measures, keyed by ``per_query_key``. NaN = undefined.
+
+    ``H`` is over the ranking distance's axis; ``hamming``, when that distance is not plain Hamming,
+    the plain Hamming histogram for the measures that stay Hamming (mLGAP: NaN at a radius that is not
+    a Hamming radius).
 
     Also the counts that micro measures sum: relevant items, items, and TP and |S_r| per radius; and
     ``capped_pairs``, the relevant pairs whose grade the user's cap lowered; and what the requested
@@ -85,6 +110,8 @@ def per_query_metrics(H: np.ndarray, max_bucket: np.ndarray, params: MetricParam
     capped_pairs = np.zeros(H.shape[0], dtype=np.int64)
     if params.max_grade is not None:
         H, capped_pairs = cap_grades(H, params.max_grade)
+        if hamming is not None:
+            hamming = cap_grades(np.ascontiguousarray(hamming, dtype=np.int64), params.max_grade)[0]
     with counts_shared(H):
         tp, size, R = rad.retrieved_counts(H)
         out: dict[str, np.ndarray] = {"relevant": R, "items": size[:, -1], "tp_at_radius": tp,
@@ -93,10 +120,19 @@ def per_query_metrics(H: np.ndarray, max_bucket: np.ndarray, params: MetricParam
             if measure.per_query is None:
                 continue
             for value in measure.values(params):
+                histogram, argument = H, value
+                if measure.parameter == "radius" and measure.hamming and hamming is not None:
+                    histogram = hamming
+                    if value not in params.hamming_radii:
+                        for variant in measure.variants or (None,):
+                            out[per_query_key(measure, value, variant)] = np.full(H.shape[0], np.nan)
+                        continue
+                elif measure.parameter == "radius":
+                    argument = params.position(value)
                 for variant in measure.variants or (None,):
                     for policy in measure.policies or (None,):
                         out[per_query_key(measure, value, variant, policy)] = measure.per_query(
-                            H, max_bucket, value, variant, policy)
+                            histogram, max_bucket, argument, variant, policy)
         out.update(convention_values(H, params))
     return out
 
@@ -122,7 +158,7 @@ def _totals(pq: dict[str, np.ndarray], evaluated: np.ndarray, params: MetricPara
     hashtable = {s: (int(pq[f"hashtable_tp/{s}"][evaluated].sum()),
                      int(pq[f"hashtable_retrieved/{s}"][evaluated].sum())) for s in params.hashtables}
     return {"relevant": int(R.sum()), "tp": TP, "fp": retrieved.sum(axis=0) - TP, "fn": R.sum() - TP,
-            "empty": (retrieved == 0).sum(axis=0), "hashtable": hashtable}
+            "empty": (retrieved == 0).sum(axis=0), "hashtable": hashtable, "bin_edges": params.bin_edges}
 
 
 def aggregate(pq: dict[str, np.ndarray], params: MetricParams) -> tuple[dict, dict]:
@@ -135,7 +171,8 @@ def aggregate(pq: dict[str, np.ndarray], params: MetricParams) -> tuple[dict, di
 
     def value_of(measure, value, variant):
         if measure.from_totals is not None:
-            return measure.from_totals(totals, value, params.beta)
+            position = params.position(value) if measure.parameter == "radius" else value
+            return measure.from_totals(totals, position, params.beta)
         mask = masks[measure.queries]
         if not measure.policies:
             return _mean(pq[per_query_key(measure, value, variant)], mask, zero)

@@ -1,0 +1,443 @@
+"""Fixed costs of hashdist (#13 item 4): engine overhead, first-run compilation, kernel vs faiss, end to end.
+
+    .venv/bin/python bench/fixed_costs.py [--quick]
+
+1. the machine (CPU model, cores, SIMD flags, versions), in every output;
+2. fixed overhead of the default engine: `hashdist evaluate` on the demo preset, new processes, numba cache and
+   Prefect's template database warm, flow (default) and `--engine local` alternating, median of 3 each;
+3. first-run compile cost: `--engine local --no-cache` with an empty numba cache and an empty HASHDIST_CACHE
+   (nothing compiled, no generated kernel sources), then the same command again (warm); median of 2; demo and
+   Flickr-1M presets;
+4. the histogram kernel against faiss `hammings` on one thread, same codes, B = 64 and 128, class and multi-label;
+5. Flickr-1M end to end (new process, `--no-cache`, warm numba cache), flow and local, against the bare kernel
+   over all its pairs in this process on all cores.
+
+--quick skips the Flickr-1M parts and uses 256 x 65,536 codes for 4. Writes bench/results/<date>-fixed-costs.json
+and .md (<date>-fixed-costs-quick.* with --quick). Not part of the test suite; run it on a quiet machine: before
+each timing it waits (--wait-quiet, up to 30 s) for other processes to leave the CPUs, and it records the CPU seconds
+other processes used while each part ran.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import importlib.util
+import json
+import os
+import platform
+import resource
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+BIN = Path(sys.executable).parent
+HASHDIST = str(BIN / "hashdist")
+SIMD_FLAGS = ("avx2", "avx512f", "avx512bw", "avx512_vpopcntdq", "popcnt")
+TIMEOUT_DEMO = 600  # seconds for any one demo-sized subprocess
+TIMEOUT_FLICKR = 1800  # seconds for any one Flickr-1M subprocess
+TILE_Q, TILE_D = 256, 4096  # faiss output tiles: 4 MiB of int32, within the last-level cache
+
+
+def log(msg: str) -> None:
+    print(f"[fixed_costs {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def _bench_run():
+    """bench/run.py as a module (clustered_codes, best_of), without putting bench/ on sys.path."""
+    spec = importlib.util.spec_from_file_location("hashdist_bench_run", HERE / "run.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def machine() -> dict:
+    model, flags = "unknown", set()
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        lines = []
+    for line in lines:
+        key, _, value = line.partition(":")
+        if key.strip() == "model name" and model == "unknown":
+            model = value.strip()
+        elif key.strip() == "flags" and not flags:
+            flags = set(value.split())
+    versions = {}
+    for package in ("numba", "prefect", "numpy", "faiss-cpu"):
+        try:
+            versions[package] = version(package)
+        except PackageNotFoundError:
+            versions[package] = None
+    return {"cpu": model, "cores": os.cpu_count(), "simd": [f for f in SIMD_FLAGS if f in flags],
+            "python": platform.python_version(), **versions}
+
+
+def source() -> dict:
+    """Which hashdist the run measures: where it is imported from, and the repository's commit and local changes."""
+    spec = importlib.util.find_spec("hashdist")
+    path = str(Path(spec.origin).parent) if spec and spec.origin else None
+
+    def git(*args):
+        try:
+            out = subprocess.run(["git", "-C", str(HERE.parent), *args], capture_output=True, text=True, timeout=30)
+            return out.stdout.strip() if out.returncode == 0 else None
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+
+    changed = git("status", "--porcelain", "--", "hashdist", "flows")
+    return {"hashdist_path": path, "from_repository": path == str(HERE.parent / "hashdist"),
+            "repo_head": git("rev-parse", "--short", "HEAD"),
+            "repo_changes_in_hashdist_flows": None if changed is None else len(changed.splitlines())}
+
+
+def source_line(s: dict) -> str:
+    if not s["from_repository"]:
+        return f"hashdist imported from {s['hashdist_path']} (not this repository's tree; its HEAD {s['repo_head']})"
+    return (f"hashdist from this repository, HEAD {s['repo_head']} with {s['repo_changes_in_hashdist_flows']} "
+            "uncommitted changes under hashdist/ and flows/")
+
+
+def machine_line(m: dict) -> str:
+    return (f"{m['cpu']}, {m['cores']} cores, SIMD: {' '.join(m['simd']) or 'none of ' + ' '.join(SIMD_FLAGS)}; "
+            f"Python {m['python']}, numba {m['numba']}, prefect {m['prefect']}, numpy {m['numpy']}, "
+            f"faiss-cpu {m['faiss-cpu']}")
+
+
+def _cpu_seconds() -> tuple[float, float]:
+    """(busy CPU seconds of the whole machine since boot, CPU seconds of this process and its reaped children)."""
+    try:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        busy = (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")  # all but idle and iowait
+    except (OSError, ValueError, IndexError):
+        busy = float("nan")
+    mine = sum(r.ru_utime + r.ru_stime for r in (resource.getrusage(resource.RUSAGE_SELF),
+                                                  resource.getrusage(resource.RUSAGE_CHILDREN)))
+    return busy, mine
+
+
+class Noise:
+    """Keeps timings away from other processes: waits for quiet CPUs before each timing (at most wait_s), and
+    records the CPU seconds other processes used while each part ran, the waits left out."""
+
+    def __init__(self, wait_s: float):
+        self.sections: dict[str, dict] = {}
+        self.wait_s = wait_s
+        self.waited_s = 0.0  # all waits so far
+        self.waited_other_cpu_s = 0.0  # CPU seconds other processes used during them
+
+    def _others_over(self, seconds: float) -> tuple[float, float]:
+        (busy0, mine0), t = _cpu_seconds(), time.perf_counter()
+        time.sleep(seconds)
+        (busy1, mine1), wall = _cpu_seconds(), time.perf_counter() - t
+        return max(0.0, (busy1 - busy0) - (mine1 - mine0)), wall
+
+    def wait_quiet(self, name: str) -> None:
+        """Wait for a 2 s window in which other processes use < 15% of the machine, at most wait_s."""
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < self.wait_s:
+            others, wall = self._others_over(2.0)
+            self.waited_other_cpu_s += others
+            if others < 0.15 * wall * (os.cpu_count() or 1):
+                break
+        waited = time.perf_counter() - t0
+        self.waited_s += waited
+        if waited > 2.5:
+            log(f"{name}: waited {waited:.0f} s for other processes to quieten")
+
+    def measure(self, name: str, fn, *args, **kwargs):
+        (busy0, mine0), t0 = _cpu_seconds(), time.perf_counter()
+        waited0, waited_other0 = self.waited_s, self.waited_other_cpu_s
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            (busy1, mine1), wall = _cpu_seconds(), time.perf_counter() - t0
+            waited = self.waited_s - waited0
+            others = (busy1 - busy0) - (mine1 - mine0) - (self.waited_other_cpu_s - waited_other0)
+            others, timed_s = max(0.0, others), max(1e-9, wall - waited)
+            self.sections[name] = {"wall_s": wall, "waited_s": waited, "other_cpu_s": others,
+                                   "other_share": others / (timed_s * (os.cpu_count() or 1)),
+                                   "loadavg_1min_end": os.getloadavg()[0]}
+            log(f"{name}: other processes used {others:.1f} CPU s in {timed_s:.1f} s (waits of {waited:.0f} s "
+                "left out)")
+
+
+NOISE = Noise(0.0)  # main() sets the wait
+
+
+def cache_env(hashdist_cache: Path, numba_cache: Path) -> dict:
+    """Environment for a subprocess: its own HASHDIST_CACHE (block results, generated kernels) and numba cache.
+
+    XDG_CACHE_HOME is left alone, so the flow's Prefect template database stays in ~/.cache/hashdist."""
+    return {**os.environ, "PREFECT_LOGGING_LEVEL": "WARNING", "HASHDIST_CACHE": str(hashdist_cache),
+            "NUMBA_CACHE_DIR": str(numba_cache)}
+
+
+def timed(cmd: list[str], env: dict, timeout: float) -> float:
+    """Wall seconds of a new process; on timeout its whole process group (Prefect server, workers) is killed."""
+    NOISE.wait_quiet(Path(cmd[0]).name + " " + cmd[1])
+    t = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+    try:
+        _, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise RuntimeError(f"timed out after {timeout} s: {' '.join(cmd)}") from None
+    secs = time.perf_counter() - t
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{err[-3000:]}")
+    return secs
+
+
+def evaluate_cmd(data: Path, out: Path, *extra: str) -> list[str]:
+    return [HASHDIST, "evaluate", str(data), "--out", str(out), "--overwrite", "--quiet", *extra]
+
+
+def synth(preset: str, data: Path, timeout: float) -> float:
+    log(f"synth --preset {preset} ...")
+    return timed([HASHDIST, "synth", "--preset", preset, "--out", str(data), "--overwrite"],
+                 {**os.environ, "PREFECT_LOGGING_LEVEL": "WARNING"}, timeout)
+
+
+def fixed_overhead(work: Path, demo: Path, env: dict, repeats: int = 3) -> dict:
+    """Flow (default engine) and local engine on the demo, new processes, warm caches, alternating."""
+    out = work / "report-demo"
+    flow_cmd = evaluate_cmd(demo, out, "--no-html")
+    local_cmd = flow_cmd + ["--engine", "local"]
+    log("overhead: warm-up (local run fills the numba cache, flow run the Prefect template and imports) ...")
+    timed(local_cmd, env, TIMEOUT_DEMO)
+    timed(flow_cmd, env, TIMEOUT_DEMO)
+    flow, local, timing = [], [], None
+    for i in range(repeats):
+        flow.append(timed(flow_cmd, env, TIMEOUT_DEMO))
+        timing = json.loads((out / "report.json").read_text())["timing"]
+        local.append(timed(local_cmd, env, TIMEOUT_DEMO))
+        log(f"overhead {i + 1}/{repeats}: flow {flow[-1]:.2f} s, local {local[-1]:.2f} s")
+    return {"flow_s": flow, "local_s": local, "flow_median_s": statistics.median(flow),
+            "local_median_s": statistics.median(local),
+            "difference_s": statistics.median(flow) - statistics.median(local), "last_flow_timing": timing}
+
+
+def compile_cost(work: Path, data: Path, name: str, timeout: float, repeats: int = 2) -> dict:
+    """`--engine local --no-cache` with empty numba and hashdist caches (cold), then again with them (warm)."""
+    cold, warm = [], []
+    for i in range(repeats):
+        fresh = work / f"cold-{name}-{i}"
+        env = cache_env(fresh / "hashdist", fresh / "numba")
+        cmd = evaluate_cmd(data, work / f"report-cold-{name}", "--no-html", "--engine", "local", "--no-cache")
+        cold.append(timed(cmd, env, timeout))
+        warm.append(timed(cmd, env, timeout))
+        shutil.rmtree(fresh, ignore_errors=True)
+        log(f"compile {name} {i + 1}/{repeats}: cold {cold[-1]:.2f} s, warm {warm[-1]:.2f} s")
+    return {"cold_s": cold, "warm_s": warm, "cold_median_s": statistics.median(cold),
+            "warm_median_s": statistics.median(warm),
+            "difference_s": statistics.median(cold) - statistics.median(warm)}
+
+
+def faiss_tiled(faiss, qc: np.ndarray, dc: np.ndarray, best_of) -> float:
+    """Best-of-5 seconds of faiss.hammings over all pairs, in (256, 4096) int32 output tiles that stay in cache."""
+    qb, db = np.ascontiguousarray(qc).view(np.uint8), np.ascontiguousarray(dc).view(np.uint8)
+    dis = np.empty((TILE_Q, TILE_D), dtype=np.int32)
+    dis_ptr = faiss.swig_ptr(dis)
+    q_tiles = [(faiss.swig_ptr(qb[s : s + TILE_Q]), len(qb[s : s + TILE_Q])) for s in range(0, len(qb), TILE_Q)]
+    d_tiles = [(faiss.swig_ptr(db[s : s + TILE_D]), len(db[s : s + TILE_D])) for s in range(0, len(db), TILE_D)]
+    nbytes = qb.shape[1]
+
+    def run():
+        for q_ptr, nq in q_tiles:
+            for d_ptr, nd in d_tiles:
+                faiss.hammings(q_ptr, d_ptr, nq, nd, nbytes, dis_ptr)
+
+    run()
+    NOISE.wait_quiet("faiss")
+    return best_of(run, repeats=5)
+
+
+def kernel_vs_faiss(n_q: int, n_db: int, helpers) -> list[dict]:
+    """histogram_block and faiss.hammings on one thread, the same clustered codes (bench/run.py's)."""
+    from hashdist.bits import pack_bits
+    from hashdist.kernels.histogram import histogram_block
+
+    try:
+        import faiss
+    except ImportError:
+        return [{"error": "faiss-cpu not installed (pip install -e '.[bench]')"}]
+    faiss.omp_set_num_threads(1)
+    rng = np.random.default_rng(0)
+    pairs = n_q * n_db
+    rows = []
+    for nbits in (64, 128):
+        db_bits, db_lab, q_bits, q_lab = helpers.clustered_codes(rng, n_db, n_q, nbits)
+        dc, qc = pack_bits(db_bits), pack_bits(q_bits)
+        multi_db = pack_bits((rng.random((n_db, 24)) < 0.08) | (np.arange(24) == db_lab[:, None]))
+        multi_q = pack_bits((rng.random((n_q, 24)) < 0.08) | (np.arange(24) == q_lab[:, None]))
+        log(f"kernel vs faiss: B={nbits}, faiss ...")
+        faiss_s = faiss_tiled(faiss, qc, dc, helpers.best_of)
+        for kind, qr, dr in (("class", q_lab, db_lab), ("multilabel", multi_q, multi_db)):
+            grade = 1 if kind == "class" else int(np.bitwise_count(multi_q).sum(axis=1).max())
+            log(f"kernel vs faiss: B={nbits}, hashdist {kind} (max_grade {grade}) ...")
+            histogram_block(qc[:64], dc[:8192], nbits, kind, qr[:64], dr[:8192], max_grade=grade)  # compile
+
+            def run(qc=qc, dc=dc, nbits=nbits, kind=kind, qr=qr, dr=dr, grade=grade):
+                histogram_block(qc, dc, nbits, kind, qr, dr, max_grade=grade)
+
+            NOISE.wait_quiet("histogram_block")
+            secs = helpers.best_of(run, repeats=5)
+            rows.append({"nbits": nbits, "relevance": kind, "max_grade": grade, "n_queries": n_q,
+                         "n_database": n_db, "hashdist_s": secs, "faiss_s": faiss_s,
+                         "hashdist_pairs_per_s": pairs / secs, "faiss_pairs_per_s": pairs / faiss_s,
+                         "ratio": secs / faiss_s})
+    return rows
+
+
+def flickr_end_to_end(work: Path, data: Path, env: dict, helpers, repeats: int = 2) -> dict:
+    """New processes with `--no-cache` (flow and local, alternating, median), and the bare kernel in-process."""
+    out = work / "report-flickr"
+    flow_cmd = evaluate_cmd(data, out, "--no-cache")
+    local_cmd = flow_cmd + ["--engine", "local"]
+    log("flickr1m end to end: warm-up (local) ...")
+    timed(local_cmd, env, TIMEOUT_FLICKR)
+    flow, local, timing = [], [], None
+    for i in range(repeats):
+        flow.append(timed(flow_cmd, env, TIMEOUT_FLICKR))
+        timing = json.loads((out / "report.json").read_text())["timing"]
+        local.append(timed(local_cmd, env, TIMEOUT_FLICKR))
+        log(f"flickr1m {i + 1}/{repeats}: flow {flow[-1]:.2f} s, local {local[-1]:.2f} s")
+
+    import hashdist
+    from hashdist.engine import largest_possible_grade
+    from hashdist.kernels.histogram import histogram_block
+
+    ds = hashdist.open_dataset(data)
+    relevance = ds.default_relevance
+    grade = largest_possible_grade(ds, relevance)
+    qc, dc = ds.codes("queries", 0, ds.n_queries), ds.codes("database", 0, ds.n_database)
+    qr, dr = ds.labels("queries", 0, ds.n_queries), ds.labels("database", 0, ds.n_database)
+    threads = os.cpu_count() or 1
+    bounds = np.linspace(0, ds.n_queries, threads + 1).astype(int)
+    parts = [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+    histogram_block(qc[:64], dc[:8192], ds.nbits, relevance, qr[:64], dr[:8192], max_grade=grade)  # compile/load
+    log(f"flickr1m bare kernel: {ds.n_queries} x {ds.n_database}, {relevance}, {threads} threads ...")
+
+    def run():
+        with ThreadPoolExecutor(threads) as pool:
+            list(pool.map(lambda p: histogram_block(qc[p], dc, ds.nbits, relevance, qr[p], dr, max_grade=grade),
+                          parts))
+
+    NOISE.wait_quiet("histogram_block")
+    kernel_s = helpers.best_of(run, repeats=2)
+    flow_m, local_m = statistics.median(flow), statistics.median(local)
+    return {"flow_s": flow, "local_s": local, "flow_median_s": flow_m, "local_median_s": local_m,
+            "last_flow_timing": timing, "kernel_s": kernel_s, "kernel_threads": threads, "relevance": relevance,
+            "max_grade": grade, "pairs": ds.n_queries * ds.n_database,
+            "flow_over_kernel": flow_m / kernel_s, "local_over_kernel": local_m / kernel_s}
+
+
+def _met(ok) -> str:
+    return "-" if ok is None else ("yes" if ok else "no")
+
+
+def markdown(r: dict) -> str:
+    lines = [f"# hashdist fixed costs (#13), {r['date']}{' (--quick)' if r['quick'] else ''}", "",
+             f"machine: {machine_line(r['machine'])}", "", f"code: {source_line(r['source'])}", "",
+             "| what | measured | target | met |", "| --- | --- | --- | --- |"]
+    o = r["overhead"]
+    lines.append(f"| demo, new process, warm caches: flow (default) - local engine, median of "
+                 f"{len(o['flow_s'])} | {o['flow_median_s']:.2f} - {o['local_median_s']:.2f} = "
+                 f"{o['difference_s']:.2f} s | <= 2 s | {_met(o['difference_s'] <= 2)} |")
+    for name, target in (("demo", 5), ("flickr1m", 8)):
+        c = r["compile"].get(name)
+        if c:
+            lines.append(f"| {name}: first-run compile, `--engine local --no-cache`, cold - warm caches, median of "
+                         f"{len(c['cold_s'])} | {c['cold_median_s']:.2f} - {c['warm_median_s']:.2f} = "
+                         f"{c['difference_s']:.2f} s | <= {target} s | {_met(c['difference_s'] <= target)} |")
+    for k in r["kernel_vs_faiss"]:
+        if "error" in k:
+            lines.append(f"| kernel vs faiss | {k['error']} | <= 1.0 | - |")
+            continue
+        lines.append(f"| 1 thread, {k['n_queries']:,} x {k['n_database']:,}, B={k['nbits']}, {k['relevance']}: "
+                     f"hashdist / faiss time | {k['hashdist_pairs_per_s']:.3g} vs {k['faiss_pairs_per_s']:.3g} "
+                     f"pairs/s: {k['ratio']:.2f} | <= 1.0 | {_met(k['ratio'] <= 1.0)} |")
+    e = r.get("flickr1m")
+    if e:
+        ratio = e["flow_over_kernel"]
+        lines.append(f"| flickr1m, new process, `--no-cache`, warm numba cache: flow wall / bare kernel "
+                     f"({e['kernel_threads']} threads), median of {len(e['flow_s'])} | {e['flow_median_s']:.2f} / "
+                     f"{e['kernel_s']:.2f} s = {ratio:.2f} | <= 2 | {_met(ratio <= 2)} |")
+        lines.append(f"| flickr1m, same, `--engine local` wall / bare kernel | {e['local_median_s']:.2f} / "
+                     f"{e['kernel_s']:.2f} s = {e['local_over_kernel']:.2f} | - | - |")
+    fmt = ", ".join(f"{k} {v:.2f}" for k, v in (o["last_flow_timing"] or {}).items())
+    lines += ["", f"Last demo flow run, report.json `timing` (s): {fmt}."]
+    if e and e["last_flow_timing"]:
+        fmt = ", ".join(f"{k} {v:.2f}" for k, v in e["last_flow_timing"].items())
+        lines.append(f"Last flickr1m flow run, report.json `timing` (s): {fmt}.")
+    if r.get("noise"):
+        lines += ["", "CPU used by other processes while each part ran (from /proc/stat, less this run's own): "
+                  + "; ".join(f"{name} {n['other_cpu_s']:.1f} s in {n['wall_s'] - n['waited_s']:.0f} s "
+                              f"({100 * n['other_share']:.0f}% of the machine)" for name, n in r["noise"].items())
+                  + "."]
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="skip Flickr-1M; 256 x 65,536 codes for kernel vs faiss")
+    ap.add_argument("--out", default=str(HERE / "results"))
+    ap.add_argument("--wait-quiet", type=float, default=30, metavar="S",
+                    help="before each timing, wait up to S seconds for other processes to leave the CPUs (default 30)")
+    a = ap.parse_args()
+    m = machine()
+    log(f"machine: {machine_line(m)}")
+    results = {"date": dt.date.today().isoformat(), "quick": a.quick, "machine": m, "source": source()}
+    log(f"code: {source_line(results['source'])}")
+    t_start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="hashdist-fixed-costs-") as tmp:
+        work = Path(tmp)
+        warm_env = cache_env(work / "hashdist-cache", work / "numba-cache")
+        # this process loads kernels too (kernel vs faiss, Flickr-1M bare kernel): the same warm caches;
+        # numba reads NUMBA_CACHE_DIR when it is first imported, which is below
+        os.environ.update({k: warm_env[k] for k in ("HASHDIST_CACHE", "NUMBA_CACHE_DIR", "PREFECT_LOGGING_LEVEL")})
+        helpers = _bench_run()
+        demo = work / "demo.zarr"
+        NOISE.wait_s = a.wait_quiet
+        noise = NOISE
+        synth("demo", demo, TIMEOUT_DEMO)
+        results["overhead"] = noise.measure("overhead", fixed_overhead, work, demo, warm_env)
+        log("compile: demo ...")
+        results["compile"] = {"demo": noise.measure("compile demo", compile_cost, work, demo, "demo", TIMEOUT_DEMO)}
+        n_q, n_db = (256, 1 << 16) if a.quick else (1024, 1 << 18)
+        results["kernel_vs_faiss"] = noise.measure("kernel vs faiss", kernel_vs_faiss, n_q, n_db, helpers)
+        if not a.quick:
+            flickr = work / "flickr1m.zarr"
+            synth("flickr1m", flickr, TIMEOUT_FLICKR)
+            log("compile: flickr1m ...")
+            results["compile"]["flickr1m"] = noise.measure("compile flickr1m", compile_cost, work, flickr,
+                                                           "flickr1m", TIMEOUT_FLICKR)
+            results["flickr1m"] = noise.measure("flickr1m end to end", flickr_end_to_end, work, flickr, warm_env,
+                                                helpers)
+        results["noise"] = noise.sections
+    results["bench_s"] = time.perf_counter() - t_start
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = f"{results['date']}-fixed-costs" + ("-quick" if a.quick else "")
+    (out / f"{stem}.json").write_text(json.dumps(results, indent=2) + "\n")
+    text = markdown(results)
+    (out / f"{stem}.md").write_text(text)
+    log(f"wrote {out / stem}.json and .md in {results['bench_s']:.0f} s")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -131,7 +131,9 @@ class _DropBadInput(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if record.exc_info and isinstance(record.exc_info[1], InputError):
             return False
-        return self.STATE_MESSAGE not in record.getMessage()
+        message = record.getMessage()
+        # at exit, Prefect's event worker may still be sending a failed run's events to a busy server
+        return self.STATE_MESSAGE not in message and not message.startswith("Still processing items")
 
 
 def _load_while_the_server_starts() -> None:
@@ -171,7 +173,6 @@ def cli_run(debug: bool, server: TemporaryAPIServer | None = None):
         if not debug:
             ensure_logging_setup()
             drop = _DropBadInput()
-            for handler in logging.getLogger().handlers:
+            for handler in logging.getLogger().handlers:  # kept until the process exits, as Prefect's exit logs
                 handler.addFilter(drop)
-                stack.callback(handler.removeFilter, drop)
         yield

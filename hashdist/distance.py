@@ -67,10 +67,6 @@ class DistanceAxis:
         """The last bin inside radius r: bins 0..position hold exactly the items with d <= r."""
         return self.radius_bins[float(radius)]
 
-    def fixed(self, d) -> np.ndarray:
-        """Distances in the kernel's fixed-point units (what ``e`` approximates)."""
-        return np.floor((np.asarray(d, dtype=np.float64) - self.lo) * self.scale).astype(np.int64)
-
     def summary(self) -> dict:
         return {"kind": self.kind, "bins": self.bins, "bins_used": self.n_bins, "edges_rule": self.rule,
                 "exact": self.exact}
@@ -127,20 +123,20 @@ def _axis(kind, bins, rule, exact, lo, hi, radii, weights, source_digest) -> Dis
         u = min(max(e, 0) >> shift, bins - 1)
         if 0 <= e < (u + 1) * bin_width - 1:  # not already the bin's last unit
             splits.setdefault(u, {}).setdefault(e, r)
-    first_bin, first_cut, cuts, upper = [], [], [], []
+    first_bin, first_cut, cuts, upper, ends = [], [], [], [], []  # ends: each bin's last fixed-point unit
     for u in range(bins):
         first_bin.append(len(upper))
         first_cut.append(len(cuts))
         for e, r in sorted(splits.get(u, {}).items()):
             cuts.append(e)
             upper.append(r)
+            ends.append(e)
         cuts.append(_SENTINEL)
         upper.append(lo + (u + 1) * bin_width / scale if not exact else float(u))
-    upper_fixed = np.array([c for c in cuts if c != _SENTINEL] + [(u + 1) * bin_width - 1 for u in range(bins)])
-    ends = np.sort(upper_fixed)
-    radius_bins = {r: int(np.searchsorted(ends, e, side="left")) if e >= 0 else -1
+        ends.append((u + 1) * bin_width - 1)
+    # radii are >= lo (refused below it), so e >= 0; one beyond every bin is in the last
+    radius_bins = {r: min(int(np.searchsorted(ends, e)), len(upper) - 1)
                    for r, e in zip(radii, fixed_radii, strict=True)}
-    radius_bins = {r: min(b, len(upper) - 1) for r, b in radius_bins.items()}
     digest = hashlib.sha256("|".join([kind, str(bins), repr(lo), repr(scale), repr(radii), source_digest]).encode())
     return DistanceAxis(kind, bins, rule, exact, float(lo), scale, shift, np.array(first_bin, dtype=np.int64),
                         np.array(first_cut, dtype=np.int64), np.array(cuts, dtype=np.int64), np.array(upper),

@@ -50,18 +50,16 @@ def _grades(kind, query_labels, db_labels):
 
 def _auc_of_list(gr):
     """AUC of one concrete ranked list: the share of (relevant, irrelevant) pairs with the relevant first."""
-    irrelevant_after, correct, pairs = sum(1 for g in gr if g < 1), 0, 0
-    n_rel = sum(1 for g in gr if g >= 1)
-    if n_rel == 0 or irrelevant_after == 0:
+    n_irr, n_rel = sum(1 for g in gr if g < 1), sum(1 for g in gr if g >= 1)
+    if n_rel == 0 or n_irr == 0:
         return None
-    total_irr = irrelevant_after
+    correct, irrelevant_after = 0, n_irr
     for g in gr:
         if g >= 1:
             correct += irrelevant_after
         else:
             irrelevant_after -= 1
-    pairs = n_rel * total_irr
-    return Fraction(correct, pairs)
+    return Fraction(correct, n_rel * n_irr)
 
 
 def _true_values(dist_row, grade_row, rng, radii):

@@ -103,7 +103,8 @@ def source() -> dict:
 
 def source_line(s: dict) -> str:
     if not s["from_repository"]:
-        return f"hashdist imported from {s['hashdist_path']} (not this repository's tree; its HEAD {s['repo_head']})"
+        return (f"hashdist imported from {s['hashdist_path']}, outside this repository's working tree (repository "
+                f"HEAD at the start: {s['repo_head']})")
     return (f"hashdist from this repository, HEAD {s['repo_head']} with {s['repo_changes_in_hashdist_flows']} "
             "uncommitted changes under hashdist/ and flows/")
 

@@ -3,14 +3,21 @@
 Thin orchestration over ``hashdist.engine``. The plan's blocks are the unit of
 caching; Prefect tasks take runs of them, because each Prefect task run costs about
 0.1 s of CPU (submission in the flow process, context and API clients on the
-worker): one histogram task per cluster thread (more for very large runs), each
-reading its own Zarr rows on the worker and returning only partial histograms
-summed per query block, plus the code counts of a share of the database blocks;
-then one metrics task per cluster thread. The flow merges the tasks' partial
-results (``hashdist.engine.Partials``, exact integer sums) as they arrive and
-finishes them with ``hashdist.engine.finish``, exactly as ``--engine local`` does.
-Block results are cached by content in a ``BlockCache`` directory (shared storage
-on a cluster).
+worker): one histogram task per cluster thread (more for very large runs or
+databases), each reading its own Zarr rows on the worker and returning partial
+histograms summed per query block plus its database blocks' code counts split
+into the plan's code parts (``hashdist.engine.Partials``).
+
+Those results stay on the workers. The reduction runs there too, as plain Dask
+tasks over the same library functions ``--engine local`` uses: each metric item's
+partial histograms are summed in a tree, each code part is merged from its pieces
+on one worker (no process holds every distinct code), each item's M_k is the
+maximum over the parts, and per-query metrics are computed beside the sums. Only
+per-query values (O(Q)) and small tallies reach the flow process, which finishes
+the report with ``hashdist.engine.assemble``. Sums are exact integers and M_k a
+maximum, so the result is bit-identical to ``--engine local`` whatever the
+cluster's shape. Block results are cached by content in a ``BlockCache``
+directory (shared storage on a cluster).
 
 Run it through ``hashdist evaluate`` or :func:`run_evaluation`; deploy the flow
 ``evaluate`` itself (see deploy/prefect.yaml).
@@ -20,16 +27,33 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import replace
 
+import numpy as np
+from distributed import as_completed, wait
 from prefect import flow, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
-from prefect.futures import as_completed
+from prefect.context import FlowRunContext
+from prefect.states import State
 
 from flows.runtime import TASK_OPTIONS, cluster_threads, progress_bar, task_runner
 from hashdist.api import Evaluation, build_report, prepare
 from hashdist.cache import resolve_cache
+from hashdist.codeusage import bucket_sizes
 from hashdist.defaults import DEFAULT_BETA, DEFAULT_DISTANCE_BINS, DEFAULT_RADII
-from hashdist.engine import Partials, finish, query_block_metrics, run_blocks, work_shares
+from hashdist.engine import (
+    RunResult,
+    add_sums,
+    assemble,
+    code_part,
+    item_metrics,
+    item_sums,
+    metric_items,
+    part_max_buckets,
+    query_shells,
+    run_blocks,
+    work_shares,
+)
 from hashdist.metrics.registry import headline_rows
 
 # pairs one histogram task may take (a few seconds of one core): the floor on task count for huge runs
@@ -37,15 +61,9 @@ PAIRS_PER_TASK = 2e10
 
 
 @task(name="histogram-blocks", **TASK_OPTIONS)
-def histogram_task(plan, blocks, count_blocks, cache_dir) -> Partials:
-    """One share of the plan: its blocks' partial results summed per query block, and its code counts."""
+def histogram_task(plan, blocks, count_blocks, cache_dir):
+    """One share of the plan: its blocks' partial results summed per query block, and its code-count pieces."""
     return run_blocks(plan, blocks, count_blocks, resolve_cache(cache_dir))
-
-
-@task(name="query-block-metrics", **TASK_OPTIONS)
-def metrics_task(plan, params, items):
-    """Per-query metrics of several query blocks, each ``(q0, q1, summed partial results, code table)``."""
-    return [query_block_metrics(plan, *item, params) for item in items]
 
 
 def _publish_artifacts(report: dict) -> None:
@@ -58,17 +76,65 @@ def _publish_artifacts(report: dict) -> None:
                                  description="HTML report with plots")
 
 
-def _metrics_on_cluster(plan, params, threads: int):
-    """``map_query_blocks`` for :func:`hashdist.engine.finish`: one metrics task per cluster thread."""
+# -- the reduction, as Dask tasks on the workers that hold the shares ----------
 
-    def map_query_blocks(items):
-        groups = [items[i::threads] for i in range(min(threads, len(items)))]
-        futures = [metrics_task.submit(plan, params, group) for group in groups]
-        done = {item[0]: part for group, fut in zip(groups, futures, strict=True)
-                for item, part in zip(group, fut.result(), strict=True)}
-        return [done[item[0]] for item in items]
 
-    return map_query_blocks
+def _share(state):
+    """A histogram task's result: Dask holds a Prefect task run's final State (raises the task's error)."""
+    return state.result() if isinstance(state, State) else state
+
+
+def _share_sums(state, q0: int, start: int, stop: int):
+    return item_sums(_share(state).sums[q0], q0, start, stop)
+
+
+def _share_piece(state, part: int):
+    pieces = _share(state).pieces.get(part)
+    return pieces[0] if pieces else None
+
+
+def _share_tallies(state):
+    share = _share(state)
+    return share.bit_ones, share.computed, share.cached
+
+
+def _part_bucket_sizes(part):
+    return bucket_sizes(part.counts)
+
+
+def _tree(client, combine, futures):
+    """``combine`` applied pairwise, level by level, down to one future (a balanced reduction tree)."""
+    while len(futures) > 1:
+        futures = [client.submit(combine, *futures[i : i + 2]) if i + 1 < len(futures) else futures[i]
+                   for i in range(0, len(futures), 2)]
+    return futures[0]
+
+
+def reduce_on_cluster(client, plan, params, shares, states) -> RunResult:
+    """The RunResult from the histogram tasks' results (``states``: their Dask futures, one per share),
+    reduced on the workers; only per-query values and tallies are gathered here."""
+    t0 = time.perf_counter()
+    plan_f, params_f = client.scatter(plan, broadcast=True), client.scatter(params, broadcast=True)
+    items = metric_items(plan)
+    touching = {q0: [state for (blocks, _), state in zip(shares, states, strict=True)
+                     if any(block.q0 == q0 for block in blocks)] for q0, _ in plan.query_blocks}
+    sums = [_tree(client, add_sums, [client.submit(_share_sums, state, q0, start, stop) for state in touching[q0]])
+            for q0, start, stop in items]
+    shells = [client.submit(query_shells, plan_f, s) for s in sums]
+    parts = [client.submit(code_part, plan_f, [client.submit(_share_piece, state, p) for state in states])
+             for p in range(plan.code_parts)]
+    M = [_tree(client, np.maximum, [client.submit(part_max_buckets, plan_f, part, start, stop, sh) for part in parts])
+         for (_, start, stop), sh in zip(items, shells, strict=True)]
+    sizes = [client.submit(_part_bucket_sizes, part) for part in parts]
+    wait(M)
+    t1 = time.perf_counter()
+    values = [client.submit(item_metrics, params_f, s, m) for s, m in zip(sums, M, strict=True)]
+    tallies = [client.submit(_share_tallies, state) for state in states]
+    values, sizes, tallies = client.gather([values, sizes, tallies])
+    result = assemble(plan, params, values, sizes, sum(t[0] for t in tallies), sum(t[1] for t in tallies),
+                      sum(t[2] for t in tallies))
+    result.timing = {"reduce_s": t1 - t0, "metrics_s": time.perf_counter() - t1}
+    return result
 
 
 @flow(name="evaluate", persist_result=False, log_prints=True, task_runner=task_runner())
@@ -89,6 +155,7 @@ def evaluate(
     distance: str | None = None,
     bit_weights: str | None = None,
     distance_bins: int = DEFAULT_DISTANCE_BINS,
+    code_parts: int | None = None,
     cache: str | bool | None = None,
     overwrite: bool = False,
     html: bool = True,
@@ -101,30 +168,32 @@ def evaluate(
         dataset, k=k, radius=radius, beta=beta, empty_queries=empty_queries, relevance=relevance,
         max_grade=max_grade, query_block_rows=query_block_rows, db_block_rows=db_block_rows, hashtable=hashtable,
         conventions=conventions, protocol=protocol, distance=distance, bit_weights=bit_weights,
-        distance_bins=distance_bins,
+        distance_bins=distance_bins, code_parts=code_parts,
     )
     cache_dir = resolve_cache(cache).directory
     cache_arg = False if cache_dir is None else str(cache_dir)
 
     threads = cluster_threads()
+    plan = replace(plan, code_parts=max(plan.code_parts, threads)) if code_parts is None else plan
     shares = work_shares(plan, max(threads, math.ceil(plan.pairs / PAIRS_PER_TASK)))
-    futures = {histogram_task.submit(plan, blocks, counts, cache_arg): blocks for blocks, counts in shares}
-    partials, pairs_done = Partials(), 0
-    with progress_bar(len(plan.histogram_blocks), progress) as bar:
-        for fut in as_completed(list(futures)):
-            blocks = futures.pop(fut)
-            partials.merge(fut.result())
+    states = [histogram_task.submit(plan, blocks, counts, cache_arg).wrapped_future for blocks, counts in shares]
+    pairs_done, blocks_of = 0, {state.key: blocks for state, (blocks, _) in zip(states, shares, strict=True)}
+    client = FlowRunContext.get().task_runner.client
+    with client.as_current(), progress_bar(len(plan.histogram_blocks), progress) as bar:
+        for state in as_completed(states):  # waits without fetching: the results stay on the workers
+            blocks = blocks_of[state.key]
             pairs_done += sum(block.pairs for block in blocks)
             bar.update(len(blocks))
             bar.set_postfix_str(f"{pairs_done / max(time.time() - t_start, 1e-9):.3g} pairs/s")
     t_compute = time.time()
-    result = finish(plan, params, partials, _metrics_on_cluster(plan, params, threads))
+    with client.as_current():
+        result = reduce_on_cluster(client, plan, params, shares, states)
     started_at = started_at or t_start
     timing = {"startup_s": t_start - started_at, "compute_s": t_compute - t_start, **result.timing, "write_s": 0.0,
               "wall_s": time.time() - started_at}
-    engine = {"kind": "prefect-dask", "flow": "evaluate", "threads": threads}
+    engine = {"kind": "prefect-dask", "flow": "evaluate", "threads": threads, "code_parts": plan.code_parts}
     report = build_report(ds, plan, parameters, result, timing, engine)
-    evaluation = Evaluation(report, result.per_query, result.code_counts)
+    evaluation = Evaluation(report, result.per_query, result.bucket_sizes)
     if out is not None:
         evaluation.write(out, overwrite=overwrite, html=html, started_at=started_at)
     _publish_artifacts(report)

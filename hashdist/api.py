@@ -46,6 +46,7 @@ def prepare(
     distance: str | None = None,
     bit_weights=None,
     distance_bins: int = DEFAULT_DISTANCE_BINS,
+    code_parts: int | None = None,
 ) -> tuple[Dataset, MetricParams, Plan, dict]:
     """Open and validate the dataset and parameters and plan the blocks; returns (ds, params, plan, parameters).
 
@@ -53,6 +54,8 @@ def prepare(
     also adds its script's convention. ``distance``: "hamming", "weighted" (needs ``bit_weights``, an array
     or a .npy path, (B,) or (Q, B)) or "asymmetric" (the dataset's query scores); default "weighted" when
     ``bit_weights`` is given, else "hamming". ``distance_bins``: G, the bins of a real-valued distance.
+    ``code_parts``: parts the distinct database codes are split into (default from the database's size;
+    results never depend on it, memory per part does).
     """
     ds = open_dataset(dataset)
     if protocol is not None:
@@ -81,6 +84,7 @@ def prepare(
         db_block_rows=db_block_rows,
         hashtables=hashtables,
         distance=axis,
+        code_parts=code_parts,
     )
     parameters = {
         "k": list(params.ks),
@@ -174,7 +178,7 @@ class Evaluation:
 
     report: dict
     per_query: dict
-    code_counts: np.ndarray
+    bucket_sizes: np.ndarray  # (size, codes) rows of the database's code usage
 
     def write(self, out, *, overwrite: bool = False, html: bool = True, started_at: float | None = None):
         """Write report.json, per_query.zarr and report.html into ``out`` (atomically).
@@ -191,7 +195,7 @@ class Evaluation:
                 report["throughput"]["pairs_per_s"] = report["throughput"]["pairs"] / report["timing"]["wall_s"]
 
         return write_outputs(
-            out, self.report, self.per_query, self.code_counts, overwrite=overwrite, html=html, finalize=finalize
+            out, self.report, self.per_query, self.bucket_sizes, overwrite=overwrite, html=html, finalize=finalize
         )
 
 
@@ -202,8 +206,9 @@ def evaluate_local(dataset, *, cache=None, threads: int | None = None, progress=
     threads = threads or os.cpu_count() or 1
     result = run_local(plan, params, resolve_cache(cache), threads=threads, progress=progress)
     timing = {"startup_s": 0.0, **result.timing, "write_s": 0.0, "wall_s": time.time() - t0}
-    report = build_report(ds, plan, parameters, result, timing, {"kind": "local-threads", "threads": threads})
-    return Evaluation(report, result.per_query, result.code_counts)
+    engine = {"kind": "local-threads", "threads": threads, "code_parts": plan.code_parts}
+    report = build_report(ds, plan, parameters, result, timing, engine)
+    return Evaluation(report, result.per_query, result.bucket_sizes)
 
 
 def evaluate(dataset, *, cache=None, threads: int | None = None, **options) -> dict:

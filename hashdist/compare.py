@@ -259,7 +259,7 @@ def _over_runs(runs: list[dict], r: int) -> dict[str, dict]:
 
 def build_comparison(methods, datasets, evaluations, *, k, radius, permutations=DEFAULT_PERMUTATIONS,
                      bootstrap=DEFAULT_BOOTSTRAP, seed=0) -> tuple[dict, dict]:
-    """(comparison document, {name: [sorted code counts of each run]} for the occupancy plot) from finished
+    """(comparison document, {name: [bucket sizes of each run]} for the occupancy plot) from finished
     evaluations; ``datasets[i][t]`` and ``evaluations[i][t]`` are method i's run t."""
     r = max(radius)
     n_runs = len(methods[0].runs)
@@ -273,7 +273,7 @@ def build_comparison(methods, datasets, evaluations, *, k, radius, permutations=
                          "map_ci": bootstrap_ci(v["ap"], bootstrap, seed),
                          "mlgap_ci": bootstrap_ci(v["lgap"], bootstrap, seed), "code_usage": ev.report["code_usage"]}
                         for path, ds, ev, v in zip(m.runs, dss, evs, per_query[m.name], strict=True)]
-        occupancy[m.name] = [np.sort(np.asarray(ev.code_counts))[::-1] for ev in evs]
+        occupancy[m.name] = [ev.bucket_sizes for ev in evs]
     names = [m.name for m in methods]
     parameters = {"k": list(k), "radius": list(radius), "lgap_radius": r, "micro_f_radius": r,
                   "permutations": permutations, "bootstrap": bootstrap, "seed": seed,

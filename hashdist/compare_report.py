@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from hashdist.atomic import staged_directory
+from hashdist.codeusage import rank_size_steps
 from hashdist.errors import InputError
 from hashdist.metrics.registry import BY_KEY, FIELD_LABELS, MEASURES, headline_rows, lookup
 from hashdist.render import fmt, html_figure, html_table, page, png, text_table
@@ -163,7 +164,7 @@ def format_leaderboard(comparison: dict) -> str:
 
 def plots(comparison: dict, occupancy: dict) -> dict[str, str]:
     """Base64 PNGs: overlaid PR curves, mAP and mLGAP against bit length, code occupancy, bit balance.
-    ``occupancy``: {name: [sorted code counts of each run]}. Repeated runs: one line per run in the method's
+    ``occupancy``: {name: [bucket sizes of each run]}. Repeated runs: one line per run in the method's
     colour; against bit length the mean over runs with sd error bars."""
     import matplotlib
 
@@ -211,7 +212,7 @@ def plots(comparison: dict, occupancy: dict) -> dict[str, str]:
     fig, ax = plt.subplots(figsize=(5, 4))
     for name, runs in occupancy.items():
         for t, sizes in enumerate(runs):
-            ax.plot(np.arange(1, len(sizes) + 1), sizes, drawstyle="steps-post", color=colours[name],
+            ax.plot(*rank_size_steps(sizes), drawstyle="steps-post", color=colours[name],
                     label=None if t else name)
     ax.set(xscale="log", yscale="log", xlabel="distinct codes, most used first", ylabel="database items with the code",
            title="code occupancy")

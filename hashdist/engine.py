@@ -21,19 +21,26 @@ import numpy as np
 
 from hashdist.blocks import Block, block_rows, row_ranges, split_by_pairs
 from hashdist.cache import BlockCache
-from hashdist.codeusage import bit_ones_block, code_usage
+from hashdist.codeusage import bit_ones_block, bucket_sizes, code_usage, merge_bucket_sizes
 from hashdist.dataset import Dataset, combine_digests, open_dataset
 from hashdist.defaults import DEFAULT_DB_BLOCK_ROWS, DEFAULT_QUERY_BLOCK_ROWS
 from hashdist.distance import DistanceAxis
 from hashdist.errors import InputError
 from hashdist.kernels import KERNEL_VERSION
 from hashdist.kernels.binned import binned_histogram_block
-from hashdist.kernels.codecounts import ball_lookup_table, code_counts, max_bucket_within, merge_code_counts
+from hashdist.kernels.codecounts import (
+    ball_lookup_table,
+    code_counts,
+    code_parts,
+    max_bucket_within,
+    merge_code_counts,
+)
 from hashdist.kernels.hashtable import hashtable_counts
 from hashdist.kernels.histogram import histogram_block
 from hashdist.metrics.summary import MetricParams, aggregate, concat_per_query, per_query_metrics
 
 METRIC_ROWS = 1024  # queries per metrics work item: threads share the work evenly, calls stay vectorised
+CODES_PER_PART = 2**22  # database items whose distinct codes one code part or one share may hold (64 MiB at B = 64)
 
 
 @dataclass(frozen=True)
@@ -61,6 +68,7 @@ class Plan:
     count_blocks: tuple[CountBlock, ...]
     hashtables: tuple[tuple[int, int], ...] = ()  # (K bits, L tables) per hashtable-bucket setting
     distance: DistanceAxis | None = None  # the bins of a ranking distance other than plain Hamming
+    code_parts: int = 1  # parts the distinct database codes are split into by hash (results never depend on it)
 
     @property
     def pairs(self) -> int:
@@ -100,9 +108,18 @@ def make_plan(
     db_block_rows: int | None = None,
     hashtables: tuple[tuple[int, int], ...] = (),
     distance: DistanceAxis | None = None,
+    code_parts: int | None = None,
 ) -> Plan:
-    """Blocks aligned to chunks, each keyed on the fingerprints of the rows it reads (and the distance's bins)."""
+    """Blocks aligned to chunks, each keyed on the fingerprints of the rows it reads (and the distance's bins).
+
+    ``code_parts``: how many parts the distinct database codes are split into (default: enough that a part
+    holds the codes of at most CODES_PER_PART items); no result depends on it.
+    """
     relevance = check_relevance(ds, relevance)
+    if code_parts is None:
+        code_parts = -(-ds.n_database // CODES_PER_PART)
+    elif isinstance(code_parts, bool) or int(code_parts) != code_parts or code_parts < 1:
+        raise InputError(f"--code-parts must be a positive integer, got {code_parts}")
     largest_grade = largest_possible_grade(ds, relevance)
     qrows = block_rows(query_block_rows, ds.chunk_rows("queries"), DEFAULT_QUERY_BLOCK_ROWS, "--query-block-rows")
     drows = block_rows(db_block_rows, ds.chunk_rows("database"), DEFAULT_DB_BLOCK_ROWS, "--db-block-rows")
@@ -134,7 +151,7 @@ def make_plan(
         for (d0, d1) in db_blocks
     )
     return Plan(ds.url, ds.nbits, relevance, largest_grade, max_radius, qrows, drows, tuple(query_blocks), hist, counts,
-                tuple(hashtables), distance)
+                tuple(hashtables), distance, max(1, int(code_parts)))
 
 
 # -- block computations (each opens the dataset itself, so it can run anywhere) --
@@ -195,15 +212,18 @@ def cached_code_counts(plan: Plan, block: CountBlock, cache: BlockCache) -> dict
 
 @dataclass
 class Partials:
-    """The mergeable state of a run: block results summed per query block (exact integers), the
-    code counts of the database blocks done, and how many blocks were computed or came from the cache.
+    """The mergeable state of a run: block results summed per query block (exact integers), the database
+    blocks' code counts split into the plan's code parts, the per-bit set counts, and how many blocks were
+    computed or came from the cache.
 
-    ``add_block`` and ``add_code_counts`` update it, ``merge`` combines two (in any order, any
-    grouping: the sums are exact), and :func:`finish` turns the complete state into a RunResult.
+    ``add_block`` and ``add_code_counts`` update it, ``merge`` combines two (in any order, any grouping:
+    the sums are exact), ``compact`` merges each part's pieces into one. The engines then build each code
+    part on its own (:func:`code_part`), so no process needs every distinct code.
     """
 
     sums: dict[int, dict[str, np.ndarray]] = field(default_factory=dict)
-    code_counts: list[dict[str, np.ndarray]] = field(default_factory=list)
+    pieces: dict[int, list[tuple[np.ndarray, np.ndarray]]] = field(default_factory=dict)
+    bit_ones: np.ndarray | int = 0
     computed: int = 0
     cached: int = 0
 
@@ -212,20 +232,33 @@ class Partials:
         self.cached += was_cached
         self.computed += not was_cached
 
-    def add_code_counts(self, counts: dict[str, np.ndarray]) -> None:
-        self.code_counts.append(counts)
+    def add_code_counts(self, counts: dict[str, np.ndarray], parts: int) -> None:
+        for p, piece in enumerate(code_parts(counts["codes"], counts["counts"], parts)):
+            self.pieces.setdefault(p, []).append(piece)
+        self.bit_ones = self.bit_ones + counts["bit_ones"]
+
+    def compact(self) -> Partials:
+        self.pieces = {p: [merge_code_counts(pieces)] for p, pieces in self.pieces.items()}
+        return self
 
     def merge(self, other: Partials) -> Partials:
         for q0, part in other.sums.items():
             self._add_sums(q0, part)
-        self.code_counts += other.code_counts
+        for p, pieces in other.pieces.items():
+            self.pieces.setdefault(p, []).extend(pieces)
+        self.bit_ones = self.bit_ones + other.bit_ones
         self.computed += other.computed
         self.cached += other.cached
         return self
 
     def _add_sums(self, q0: int, part: dict[str, np.ndarray]) -> None:
         total = self.sums.get(q0)
-        self.sums[q0] = dict(part) if total is None else {key: total[key] + part[key] for key in total}
+        self.sums[q0] = dict(part) if total is None else add_sums(total, part)
+
+
+def add_sums(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Two partial results of the same queries summed (exact integers)."""
+    return {key: a[key] + b[key] for key in a}
 
 
 def run_blocks(plan: Plan, blocks, count_blocks, cache: BlockCache, progress=None) -> Partials:
@@ -240,43 +273,73 @@ def run_blocks(plan: Plan, blocks, count_blocks, cache: BlockCache, progress=Non
         if progress:
             progress(block, was_cached)
     for block in count_blocks:
-        partials.add_code_counts(cached_code_counts(plan, block, cache))
-    return partials
+        partials.add_code_counts(cached_code_counts(plan, block, cache), plan.code_parts)
+    return partials.compact()
 
 
 def work_shares(plan: Plan, parts: int) -> list[tuple[tuple[Block, ...], tuple[CountBlock, ...]]]:
-    """The plan cut into at most ``parts`` shares of about equal pairs, the code-count blocks dealt round."""
+    """The plan cut into at least ``parts`` shares of about equal pairs (more when the database's codes
+    would not fit one share, CODES_PER_PART each), the code-count blocks dealt round."""
+    parts = max(parts, -(-sum(b.d1 - b.d0 for b in plan.count_blocks) // CODES_PER_PART))
     runs = split_by_pairs(plan.histogram_blocks, parts)
     return [(run, plan.count_blocks[i :: len(runs)]) for i, run in enumerate(runs)]
 
 
+# -- after the blocks: code parts, M_k and per-query metrics per metric item ------
+
+
+def metric_items(plan: Plan) -> list[tuple[int, int, int]]:
+    """``(q0 of the query block, start, stop)``: the plan's queries in items of at most METRIC_ROWS,
+    each within one query block, so threads and workers share the work evenly (per-query values
+    do not depend on the grouping)."""
+    return [(q0, q0 + a, q0 + b) for q0, q1 in plan.query_blocks for a, b in row_ranges(q1 - q0, METRIC_ROWS)]
+
+
+def item_sums(sums: dict[str, np.ndarray], q0: int, start: int, stop: int) -> dict[str, np.ndarray]:
+    """The summed partial results of queries [start, stop) of the query block starting at q0."""
+    return {key: v[start - q0 : stop - q0] for key, v in sums.items()}
+
+
+def query_shells(plan: Plan, sums: dict[str, np.ndarray]) -> np.ndarray:
+    """Database items at Hamming distance exactly k = 0..max_radius from each query (M_k's search skips)."""
+    hamming = sums.get("H_hamming", sums["H"])
+    return hamming[:, : plan.max_radius + 1, :].sum(axis=2)
+
+
 @dataclass(frozen=True)
-class CodeTable:
-    """The database's distinct codes with their counts, the ball lookup table (built once per run)
-    and how many items have each bit set."""
+class CodePart:
+    """One code part: its distinct codes with their counts and the ball lookup table over them."""
 
     codes: np.ndarray
     counts: np.ndarray
     slots: np.ndarray | None
-    bit_ones: np.ndarray
+
+    @property
+    def bucket_sizes(self) -> np.ndarray:
+        return bucket_sizes(self.counts)
 
 
-def code_table(plan: Plan, parts) -> CodeTable:
-    parts = list(parts)
-    codes, counts = merge_code_counts([(p["codes"], p["counts"]) for p in parts])
-    bit_ones = np.sum([p["bit_ones"] for p in parts], axis=0)
-    return CodeTable(codes, counts, ball_lookup_table(codes, plan.nbits, plan.max_radius), bit_ones)
+def code_part(plan: Plan, pieces) -> CodePart:
+    """A code part from its pieces (one per share or per database block; None for a share without any)."""
+    pieces = [piece for piece in pieces if piece is not None]
+    if pieces:
+        codes, counts = merge_code_counts(pieces)
+    else:
+        codes, counts = np.zeros((0, -(-plan.nbits // 64)), dtype=np.uint64), np.zeros(0, dtype=np.int64)
+    return CodePart(codes, counts, ball_lookup_table(codes, plan.nbits, plan.max_radius))
 
 
-def query_block_metrics(plan: Plan, q0: int, q1: int, partials: dict, table: CodeTable, params: MetricParams,
-                        ds: Dataset | None = None):
-    """M_k and every per-query value for queries [q0, q1) from their summed partial results."""
-    queries = (ds or open_dataset(plan.url)).codes("queries", q0, q1)
-    hamming = partials.get("H_hamming")
-    shells = (partials["H"] if hamming is None else hamming)[:, : plan.max_radius + 1, :].sum(axis=2)
-    M = max_bucket_within(queries, table.codes, table.counts, plan.nbits, plan.max_radius, table.slots, shells)
-    per_query = per_query_metrics(partials["H"], M, params, hamming)
-    per_query.update({key: value for key, value in partials.items() if key.startswith("hashtable_")})
+def part_max_buckets(plan: Plan, part: CodePart, start: int, stop: int, shells: np.ndarray,
+                     ds: Dataset | None = None) -> np.ndarray:
+    """M_k of queries [start, stop) within one code part; the maximum over parts is M_k."""
+    queries = (ds or open_dataset(plan.url)).codes("queries", start, stop)
+    return max_bucket_within(queries, part.codes, part.counts, plan.nbits, plan.max_radius, part.slots, shells)
+
+
+def item_metrics(params: MetricParams, sums: dict[str, np.ndarray], M: np.ndarray) -> dict[str, np.ndarray]:
+    """Every per-query value of one metric item from its summed partial results and M_k."""
+    per_query = per_query_metrics(sums["H"], M, params, sums.get("H_hamming"))
+    per_query.update({key: value for key, value in sums.items() if key.startswith("hashtable_")})
     return per_query
 
 
@@ -287,32 +350,47 @@ class RunResult:
     metrics: dict
     queries: dict
     per_query: dict[str, np.ndarray]
-    code_counts: np.ndarray  # items per distinct database code
+    bucket_sizes: np.ndarray  # (size, codes) rows: how many distinct database codes hold each number of items
     code_usage: dict
     blocks: dict  # {total, computed, cached}
     timing: dict = field(default_factory=dict)
 
 
-def finish(plan: Plan, params: MetricParams, partials: Partials, map_query_blocks) -> RunResult:
-    """The complete state to a RunResult: code table, per-query metrics per query block, means, code usage.
+def assemble(plan: Plan, params: MetricParams, item_values, part_sizes, bit_ones, computed: int,
+             cached: int) -> RunResult:
+    """The RunResult from every metric item's per-query values (in plan order), each code part's
+    bucket sizes and the per-bit set counts: the report's means and the code usage."""
+    per_query = concat_per_query(list(item_values))
+    metrics, queries = aggregate(per_query, params)
+    sizes = merge_bucket_sizes(part_sizes)
+    usage = code_usage(sizes, bit_ones, int((sizes[:, 0] * sizes[:, 1]).sum()), plan.nbits)
+    blocks = {"total": len(plan.histogram_blocks), "computed": computed, "cached": cached}
+    return RunResult(metrics, queries, per_query, sizes, usage, blocks)
 
-    ``map_query_blocks(items)`` returns ``query_block_metrics(plan, q0, q1, sums, table, params)`` for
-    every item ``(q0, q1, sums, table)``, in order (a thread pool in this process, Prefect tasks in the
-    flow); an item is at most METRIC_ROWS queries of a query block, so threads share the work evenly
-    (per-query values do not depend on the grouping). Records reduce_s and metrics_s.
+
+def finish(plan: Plan, params: MetricParams, partials: Partials, map_items) -> RunResult:
+    """The complete state to a RunResult in this process, one code part in memory at a time.
+
+    ``map_items(function, items)`` applies ``function`` to every item, in order (a thread pool, or a plain
+    map). Records reduce_s (code parts and M_k) and metrics_s.
     """
     t0 = time.perf_counter()
-    table = code_table(plan, partials.code_counts)
+    items = metric_items(plan)
+    sums = [item_sums(partials.sums[q0], q0, start, stop) for q0, start, stop in items]
+    shells = [query_shells(plan, s) for s in sums]
+    ds = open_dataset(plan.url)
+    M, part_sizes = [None] * len(items), []
+    for p in range(plan.code_parts):
+        part = code_part(plan, partials.pieces.pop(p, []))
+        found = map_items(lambda i, part=part: part_max_buckets(plan, part, *items[i][1:], shells[i], ds),
+                          range(len(items)))
+        M = [m if old is None else np.maximum(old, m) for old, m in zip(M, found, strict=True)]
+        part_sizes.append(part.bucket_sizes)
     t1 = time.perf_counter()
-    items = [(q0 + a, q0 + b, {key: v[a:b] for key, v in partials.sums[q0].items()}, table)
-             for q0, q1 in plan.query_blocks for a, b in row_ranges(q1 - q0, METRIC_ROWS)]
-    parts = map_query_blocks(items)
-    per_query = concat_per_query(list(parts))
-    metrics, queries = aggregate(per_query, params)
-    usage = code_usage(table.counts, table.bit_ones, int(table.counts.sum()), plan.nbits)
-    blocks = {"total": len(plan.histogram_blocks), "computed": partials.computed, "cached": partials.cached}
-    timing = {"reduce_s": t1 - t0, "metrics_s": time.perf_counter() - t1}
-    return RunResult(metrics, queries, per_query, table.counts, usage, blocks, timing)
+    values = map_items(lambda i: item_metrics(params, sums[i], M[i]), range(len(items)))
+    result = assemble(plan, params, values, part_sizes, partials.bit_ones, partials.computed, partials.cached)
+    result.timing = {"reduce_s": t1 - t0, "metrics_s": time.perf_counter() - t1}
+    return result
 
 
 def run_local(plan: Plan, params: MetricParams, cache: BlockCache, *, threads: int, progress=None) -> RunResult:
@@ -326,8 +404,6 @@ def run_local(plan: Plan, params: MetricParams, cache: BlockCache, *, threads: i
         partials = functools.reduce(
             Partials.merge, pool.map(lambda share: run_blocks(plan, *share, cache, progress), shares), Partials())
         t1 = time.perf_counter()
-        ds = open_dataset(plan.url)
-        result = finish(plan, params, partials, lambda items: list(
-            pool.map(lambda item: query_block_metrics(plan, *item, params, ds=ds), items)))
+        result = finish(plan, params, partials, lambda function, items: list(pool.map(function, items)))
     result.timing = {"compute_s": t1 - t0, **result.timing}
     return result

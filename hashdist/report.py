@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from hashdist.atomic import staged_directory
+from hashdist.codeusage import rank_size_steps
 from hashdist.errors import InputError
 from hashdist.metrics.conventions import BY_NAME
 from hashdist.metrics.registry import FIELD_LABELS, MEASURES, POLICIES, lookup
@@ -151,7 +152,7 @@ def format_table(report: dict) -> str:
 # -- HTML ----------------------------------------------------------------------
 
 
-def plots(report: dict, per_query: dict, code_counts: np.ndarray) -> dict[str, str]:
+def plots(report: dict, per_query: dict, bucket_sizes: np.ndarray) -> dict[str, str]:
     """Base64 PNGs: PR curve, P/R against radius, P/R against N, PR curve by rank, AP distribution, mAP interval,
     code usage."""
     import matplotlib
@@ -228,12 +229,9 @@ def plots(report: dict, per_query: dict, code_counts: np.ndarray) -> dict[str, s
 
     fig, ax = plt.subplots(figsize=(5, 4))
     # the rank-size steps, one point per run of equal bucket sizes (not one per distinct code)
-    sizes, runs = np.unique(np.asarray(code_counts), return_counts=True)
-    sizes, runs = sizes[::-1], runs[::-1]
-    ranks = np.concatenate([[1], 1 + np.cumsum(runs)])
-    ax.plot(ranks, np.append(sizes, sizes[-1:]), drawstyle="steps-post")
+    ax.plot(*rank_size_steps(bucket_sizes), drawstyle="steps-post")
     ax.set(xscale="log", yscale="log", xlabel="distinct codes, most used first", ylabel="database items with the code",
-           title=f"code usage: {int(runs.sum())} distinct codes")
+           title=f"code usage: {int(np.asarray(bucket_sizes)[:, 1].sum())} distinct codes")
     figs["code_usage"] = fig
 
     for name, fig in figs.items():
@@ -309,7 +307,7 @@ def write_per_query(path: Path, per_query: dict) -> None:
 
 
 def write_outputs(
-    out, report: dict, per_query: dict, code_counts, *, overwrite: bool = False, html: bool = True, finalize=None
+    out, report: dict, per_query: dict, bucket_sizes, *, overwrite: bool = False, html: bool = True, finalize=None
 ) -> Path:
     """Write report.json, per_query.zarr and report.html atomically into ``out``.
 
@@ -321,7 +319,7 @@ def write_outputs(
                              "report_html": str(out / "report.html") if html else None}
         write_per_query(tmp / "per_query.zarr", per_query)
         if html:
-            (tmp / "report.html").write_text(render_html(report, plots(report, per_query, code_counts)))
+            (tmp / "report.html").write_text(render_html(report, plots(report, per_query, bucket_sizes)))
         if finalize:
             finalize(report)
         (tmp / "report.json").write_text(json.dumps(json_safe(report), indent=2))

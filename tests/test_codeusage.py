@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from hashdist.bits import pack_bits
-from hashdist.codeusage import bit_ones_block, code_usage
+from hashdist.codeusage import bit_ones_block, bucket_sizes, code_usage, merge_bucket_sizes, rank_size_steps
 from hashdist.kernels.codecounts import code_counts
 
 
@@ -21,7 +21,7 @@ def test_code_usage_matches_numpy():
     bits = rng.integers(0, 2, (500, nbits), dtype=np.uint8)
     bits[:100] = 1  # one heavy bucket
     _, counts = code_counts(pack_bits(bits))
-    usage = code_usage(counts, bit_ones_block(pack_bits(bits), nbits), 500, nbits)
+    usage = code_usage(bucket_sizes(counts), bit_ones_block(pack_bits(bits), nbits), 500, nbits)
 
     _, inverse, per_code = np.unique(bits, axis=0, return_inverse=True, return_counts=True)
     p = per_code / 500
@@ -34,11 +34,24 @@ def test_code_usage_matches_numpy():
 
 
 def test_extremes():
-    all_same = code_usage(np.array([10]), np.full(4, 10), 10, 4)
+    all_same = code_usage(bucket_sizes(np.array([10])), np.full(4, 10), 10, 4)
     assert all_same["entropy_bits"] == 0.0 and all_same["collision_fraction"] == 1.0
     assert all_same["bit_balance"] == [1.0] * 4
-    all_distinct = code_usage(np.ones(16, np.int64), np.full(4, 8), 16, 4)
+    all_distinct = code_usage(bucket_sizes(np.ones(16, np.int64)), np.full(4, 8), 16, 4)
     assert all_distinct["entropy_bits"] == pytest.approx(4.0) and all_distinct["entropy_ratio"] == pytest.approx(1.0)
     assert all_distinct["collision_fraction"] == 0.0 and all_distinct["max_bucket"] == 1
     with pytest.raises(ValueError):
-        code_usage(np.array([3, 4]), np.zeros(4), 8, 4)
+        code_usage(bucket_sizes(np.array([3, 4])), np.zeros(4), 8, 4)
+
+
+def test_bucket_sizes_merge_over_any_split_and_give_the_rank_size_curve():
+    rng = np.random.default_rng(1)
+    counts = rng.zipf(1.6, 3000).clip(max=10**6).astype(np.int64)
+    whole = bucket_sizes(counts)
+    cuts = np.sort(rng.choice(np.arange(1, len(counts)), 6, replace=False))
+    parts = [bucket_sizes(c) for c in np.split(rng.permutation(counts), cuts)]
+    assert np.array_equal(merge_bucket_sizes(parts[::-1]), whole)
+    ranks, sizes = rank_size_steps(whole)
+    descending = np.sort(counts)[::-1]
+    # each step's size is the count of the code at that rank (1-based), and the last rank is past the end
+    assert np.array_equal(descending[ranks[:-1] - 1], sizes[:-1]) and ranks[-1] == len(counts) + 1

@@ -211,7 +211,7 @@ def test_report_curves_do_not_depend_on_blocks(reports, class_dataset):
 
 def test_report_plots_and_tables_show_the_curves(reports):
     ev = reports["multilabel"]
-    images = plots(ev.report, ev.per_query, ev.code_counts)
+    images = plots(ev.report, ev.per_query, ev.bucket_sizes)
     names = list(images)
     assert names[names.index("radius") + 1 : names.index("radius") + 3] == ["precision_at_n", "pr_curve_by_rank"]
     for name in ("precision_at_n", "pr_curve_by_rank"):

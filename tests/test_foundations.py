@@ -11,7 +11,7 @@ import pytest
 from hashdist.api import evaluate_local, prepare
 from hashdist.bits import ball_volumes
 from hashdist.cache import BlockCache
-from hashdist.engine import Partials, finish, query_block_metrics, run_blocks, run_local, work_shares
+from hashdist.engine import Partials, finish, run_blocks, run_local, work_shares
 from hashdist.metrics.ranking import cutoff_grid
 from hashdist.metrics.registry import MEASURES, lookup, per_query_key
 
@@ -67,17 +67,21 @@ def _partials_in_shares(plan, shares, cache):
     return [run_blocks(plan, blocks, counts, cache) for blocks, counts in shares]
 
 
-@pytest.mark.parametrize("parts", [1, 3, 7])
-def test_partials_merge_in_any_order_gives_identical_results(class_dataset, parts):
-    """The one reduction: any share of the blocks, merged in any order, finishes to the same bits."""
+@pytest.mark.parametrize(("parts", "code_parts"), [(1, 1), (3, 2), (7, 5)])
+def test_partials_merge_in_any_order_gives_identical_results(class_dataset, parts, code_parts):
+    """The one reduction: any share of the blocks, merged in any order, with the distinct codes in any
+    number of parts, finishes to the same bits."""
     _, params, plan, _ = prepare(class_dataset, query_block_rows=16, db_block_rows=500)
     cache = BlockCache(None)
     reference = run_local(plan, params, cache, threads=1)
+    _, _, plan, _ = prepare(class_dataset, query_block_rows=16, db_block_rows=500, code_parts=code_parts)
     pieces = _partials_in_shares(plan, work_shares(plan, parts), cache)
     rng = np.random.default_rng(parts)
     merged = functools.reduce(Partials.merge, [pieces[i] for i in rng.permutation(len(pieces))], Partials())
-    result = finish(plan, params, merged, lambda items: [query_block_metrics(plan, *item, params) for item in items])
+    result = finish(plan, params, merged, lambda function, items: [function(item) for item in items])
     assert result.metrics == reference.metrics
     assert result.blocks == reference.blocks
+    assert result.code_usage == reference.code_usage
+    np.testing.assert_array_equal(result.bucket_sizes, reference.bucket_sizes)
     for key, values in reference.per_query.items():
         np.testing.assert_array_equal(result.per_query[key], values)

@@ -150,7 +150,7 @@ def test_report_outputs(class_dataset, tmp_path):
 
 
 def test_hashtable_paradigm_and_code_usage_in_the_report(class_dataset):
-    from hashdist.codeusage import bit_ones_block, code_usage
+    from hashdist.codeusage import bit_ones_block, bucket_sizes, code_usage
     from hashdist.kernels.hashtable import hashtable_counts
     from hashdist.metrics.radius import micro_scores
 
@@ -166,7 +166,8 @@ def test_hashtable_paradigm_and_code_usage_in_the_report(class_dataset):
                                 int((R - tp)[evaluated].sum()), 1.0)
         assert ev.report["metrics"]["hashtable"][setting] == expected
     _, counts = np.unique(dc[:, 0], return_counts=True)
-    assert ev.report["code_usage"] == code_usage(counts, bit_ones_block(dc, ds.nbits), ds.n_database, ds.nbits)
+    usage = code_usage(bucket_sizes(counts), bit_ones_block(dc, ds.nbits), ds.n_database, ds.nbits)
+    assert ev.report["code_usage"] == usage
 
 
 def test_interrupted_append_leaves_the_previous_dataset(tmp_path, monkeypatch):

@@ -2,9 +2,12 @@
 
 ``M_k`` for a query is the largest number of database items sharing one code among
 the codes within Hamming distance k of the query. Code counts are a mergeable
-state (sum per code across chunks); ``M_k`` is then found per query either by
-enumerating the Hamming ball and looking each code up in a hash table, or by
-scanning the distinct codes, whichever is cheaper.
+state (sum per code across chunks). They are split into parts by a hash of the code,
+so every item of a code lands in the same part and no process needs all distinct
+codes: ``M_k`` is the maximum over parts of each part's largest count within the
+ball (a max is mergeable). Per part it is found either by enumerating the Hamming
+ball and looking each code up in a hash table, or by scanning the distinct codes,
+whichever is cheaper.
 """
 
 from __future__ import annotations
@@ -29,8 +32,20 @@ def code_counts(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.ascontiguousarray(unique), counts.astype(np.int64)
 
 
+def code_parts(codes: np.ndarray, counts: np.ndarray, parts: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Code counts split into ``parts`` pieces by a hash of the code (a code's part never depends on the chunk)."""
+    h = np.full(codes.shape[0], 0x9E3779B97F4A7C15, dtype=np.uint64)
+    for w in range(codes.shape[1]):  # splitmix64 over the words, as the lookup table's hash
+        x = codes[:, w] ^ h
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        h = x ^ (x >> np.uint64(31))
+    part = (h % np.uint64(parts)).astype(np.intp)
+    return [(np.ascontiguousarray(codes[part == p]), counts[part == p]) for p in range(parts)]
+
+
 def merge_code_counts(parts) -> tuple[np.ndarray, np.ndarray]:
-    """Sum code counts from several chunks (exact, order-independent result)."""
+    """Sum code counts from several chunks (exact, order-independent result); ``parts`` is not empty."""
     parts = list(parts)
     codes = np.concatenate([p[0] for p in parts])
     counts = np.concatenate([p[1] for p in parts])

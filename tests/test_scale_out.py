@@ -1,0 +1,57 @@
+"""Beyond one process: the reduction on the workers and the distinct codes in parts give the in-process bits."""
+
+import json
+
+import numpy as np
+import pytest
+
+from hashdist.api import evaluate_local
+from hashdist.engine import CODES_PER_PART, work_shares
+
+pytestmark = pytest.mark.usefixtures("prefect_api")
+
+
+def _same(a, b):
+    assert json.dumps(a.report["metrics"], sort_keys=True) == json.dumps(b.report["metrics"], sort_keys=True)
+    assert a.report["code_usage"] == b.report["code_usage"]
+    np.testing.assert_array_equal(a.bucket_sizes, b.bucket_sizes)
+    assert a.per_query.keys() == b.per_query.keys()
+    for key, values in a.per_query.items():
+        np.testing.assert_array_equal(values, b.per_query[key], err_msg=key)
+
+
+@pytest.mark.parametrize(("code_parts", "query_block_rows", "db_block_rows"), [(1, 16, 500), (3, 32, 1000),
+                                                                               (8, 64, 500)])
+def test_loopback_cluster_is_bit_identical_for_any_code_parts_and_blocks(
+        class_dataset, loopback_cluster, code_parts, query_block_rows, db_block_rows):
+    from flows.evaluate import run_evaluation
+
+    address, _ = loopback_cluster
+    local = evaluate_local(class_dataset, cache=False)
+    remote = run_evaluation(class_dataset, cache=False, address=address, code_parts=code_parts,
+                            query_block_rows=query_block_rows, db_block_rows=db_block_rows)
+    _same(remote, local)
+    assert remote.report["engine"]["code_parts"] == code_parts
+    assert remote.report["code_usage"]["max_bucket"] > 1  # the codes collide: M_k is not trivially 1
+
+
+def test_multilabel_on_the_embedded_cluster_with_many_parts(multilabel_dataset):
+    from flows.evaluate import run_evaluation
+
+    local = evaluate_local(multilabel_dataset, cache=False, code_parts=1)
+    _same(run_evaluation(multilabel_dataset, cache=False, code_parts=5, threads=2, query_block_rows=16), local)
+    _same(evaluate_local(multilabel_dataset, cache=False, code_parts=4, threads=3, db_block_rows=500), local)
+
+
+def test_a_large_database_is_shared_so_no_share_holds_more_codes_than_a_part(class_dataset):
+    from dataclasses import replace
+
+    from hashdist.api import prepare
+
+    _, _, plan, _ = prepare(class_dataset, db_block_rows=500)
+    # pretend each database row stands for CODES_PER_PART / 1000 items: 3000 rows are 3 parts' worth
+    scaled = replace(plan, count_blocks=tuple(replace(b, d1=b.d0 + (b.d1 - b.d0) * CODES_PER_PART // 1000)
+                                              for b in plan.count_blocks))
+    shares = work_shares(scaled, 1)
+    assert len(shares) >= 3
+    assert sum(len(counts) for _, counts in shares) == len(plan.count_blocks)

@@ -36,6 +36,7 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.context import FlowRunContext
 from prefect.states import State
 
+from flows.history import drop_state, watch
 from flows.runtime import TASK_OPTIONS, cluster_threads, progress_bar, task_runner
 from hashdist.api import Evaluation, build_report, prepare
 from hashdist.cache import resolve_cache
@@ -161,6 +162,7 @@ def evaluate(
     html: bool = True,
     progress: bool = False,
     started_at: float | None = None,
+    history: str | None = None,
 ) -> Evaluation:
     """Evaluate DATASET; with ``out``, write report.json, per_query.zarr and report.html there."""
     t_start = time.time()
@@ -197,17 +199,26 @@ def evaluate(
     if out is not None:
         evaluation.write(out, overwrite=overwrite, html=html, started_at=started_at)
     _publish_artifacts(report)
+    if history is not None:  # append to the history store, compare with the previous run (flows/history.py)
+        verdict = watch(evaluation, history)
+        if verdict["flagged"]:  # Failed, message "mAP dropped significantly: ..."; the outputs stay written
+            return drop_state(verdict, evaluation)
     return evaluation
 
 
 def run_evaluation(dataset, *, out=None, overwrite=False, html=True, cache=None, address=None, cluster_class=None,
-                   cluster_kwargs=None, workers=None, threads=None, progress=False, **options) -> Evaluation:
+                   cluster_kwargs=None, workers=None, threads=None, progress=False, history=None,
+                   **options) -> Evaluation:
     """Validate the inputs here (bad input fails before any cluster starts), then run the flow."""
     started_at = time.time()
     prepare(dataset, **options)
+    if history is not None:
+        from hashdist.history import check_history_dir
+
+        check_history_dir(history)  # a path that is not a history store fails here, before the run
     cache = cache if cache is None or cache is False else str(cache)
     runner = task_runner(address, cluster_class, cluster_kwargs, workers, threads)
     return evaluate.with_options(task_runner=runner)(
         dataset=str(dataset), out=None if out is None else str(out), overwrite=overwrite, html=html, cache=cache,
-        progress=progress, started_at=started_at, **options,
+        progress=progress, started_at=started_at, history=None if history is None else str(history), **options,
     )

@@ -1,7 +1,8 @@
-"""The ``hashdist`` command line: synth, ingest, split, evaluate, compare, groundtruth.
+"""The ``hashdist`` command line: synth, ingest, split, evaluate, compare, groundtruth, history.
 
 Bad input ends with one line on stderr naming the problem and exit status 2;
-nothing is written. ``--debug`` shows tracebacks.
+nothing is written. ``evaluate --history DIR`` exits with status 3 when the new run's
+mAP dropped significantly against the previous run in DIR. ``--debug`` shows tracebacks.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ Exact, tie-aware evaluation of binary hash codes for retrieval.
       --db-labels DBL.npy --query-labels QL.npy --out data.zarr     store your codes
   hashdist evaluate data.zarr --out report/                   metrics, report.json, report.html
   hashdist compare --method a=a.zarr --method b=b.zarr --out cmp/   leaderboard, significance
+  hashdist evaluate data.zarr --out report/ --history hist/   also record the run; exit 3 on a significant drop
+  hashdist history hist/                                      the trend of recorded runs, hist/history.html
   hashdist split --labels ALL_LABELS.npy --protocol cifar10 --out splits.zarr
       then ingest --splits and compare --method NAME=RUN0.zarr,RUN1.zarr,...   repeated runs
 
@@ -41,6 +44,15 @@ def _number(text: str):
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
     return int(value) if value.is_integer() else value
+
+
+class _Dropped(Exception):
+    """A finished ``evaluate --history`` run whose mAP dropped significantly: print ``output``, then
+    ``message`` on stderr, exit status 3."""
+
+    def __init__(self, output: str, message: str):
+        super().__init__(message)
+        self.output, self.message = output, message
 
 
 class _Parser(argparse.ArgumentParser):
@@ -244,7 +256,9 @@ def _add_evaluate(sub):
         help="compute every metric and write a report",
         description="Evaluate a dataset: a Prefect flow chunks the work across Dask workers (by default a local "
         "cluster and Prefect's ephemeral API; no server needed). Writes DIR/report.json, DIR/per_query.zarr and "
-        "DIR/report.html and prints the metric table.",
+        "DIR/report.html and prints the metric table. Exit status: 0 done, 2 bad input (nothing written), 3 with "
+        "--history when mAP dropped significantly against the previous recorded run (the report is written and the "
+        "run recorded; the last line on stderr starts 'mAP dropped significantly:').",
     )
     p.add_argument("dataset", metavar="DATASET")
     p.add_argument("--out", required=True, metavar="DIR")
@@ -284,6 +298,10 @@ def _add_evaluate(sub):
     p.add_argument("--json", action="store_true", help="print report.json instead of the table")
     p.add_argument("--overwrite", action="store_true", help="replace DIR even if it is not a hashdist report")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--history", metavar="HISTORY",
+                   help="also append this run to the history store HISTORY (created if missing) and compare it with "
+                   "the previous run on the queries both evaluated (paired sign-flip and t-tests); exit status 3 "
+                   "when mAP dropped significantly (randomisation p < 0.05 and a lower mean AP). See hashdist history")
 
 
 def _run_evaluate(a):
@@ -294,9 +312,11 @@ def _run_evaluate(a):
 
 
 def _evaluate_into(a):
-    from hashdist.report import check_output_dir, format_table, json_safe
+    from hashdist.report import check_output_dir
 
     check_output_dir(a.out, a.overwrite)
+    if a.history is not None:
+        _check_history_option(a)
     cluster_kwargs = _cluster_kwargs(a)
     options = dict(
         k=a.k, radius=a.radius, beta=a.beta, empty_queries=a.empty_queries, relevance=a.relevance,
@@ -313,14 +333,53 @@ def _evaluate_into(a):
         started_at = time.time()
         evaluation = evaluate_local(a.dataset, cache=cache, threads=a.threads, **options)
         evaluation.write(a.out, overwrite=a.overwrite, html=not a.no_html, started_at=started_at)
+        verdict = None
+        if a.history is not None:
+            from hashdist.history import record
+
+            verdict = record(a.history, evaluation)
     else:
         from flows.evaluate import run_evaluation
+        from hashdist.history import SignificantDrop
 
-        evaluation = run_evaluation(
-            a.dataset, out=a.out, overwrite=a.overwrite, html=not a.no_html, cache=cache, address=a.address,
-            cluster_class=a.cluster_class, cluster_kwargs=cluster_kwargs, workers=a.workers, threads=a.threads,
-            progress=not a.quiet, **options,
-        )
+        if a.history is not None:  # a flow parameter: the flow records the run and fails on a significant drop
+            options["history"] = a.history
+        try:
+            evaluation = run_evaluation(
+                a.dataset, out=a.out, overwrite=a.overwrite, html=not a.no_html, cache=cache, address=a.address,
+                cluster_class=a.cluster_class, cluster_kwargs=cluster_kwargs, workers=a.workers, threads=a.threads,
+                progress=not a.quiet, **options,
+            )
+            verdict = None
+        except SignificantDrop as drop:
+            evaluation, verdict = drop.evaluation, drop.verdict
+        if a.history is not None and verdict is None:
+            from hashdist.history import compare_with_previous
+
+            verdict = compare_with_previous(a.history)  # the run the flow just recorded (same test, same seed)
+    output = _evaluate_output(a, evaluation, verdict)
+    if verdict is not None and verdict["flagged"]:
+        raise _Dropped(output, verdict["message"])
+    return output
+
+
+def _check_history_option(a):
+    """--history must be a history store, a missing path or an empty directory, and not inside --out (which a
+    rerun replaces)."""
+    from pathlib import Path
+
+    from hashdist.history import check_history_dir
+
+    check_history_dir(a.history)
+    history, out = Path(a.history).absolute(), Path(a.out).absolute()
+    if history == out or out in history.parents:
+        raise InputError(f"--history {a.history}: inside --out {a.out}, which each run replaces; put the history "
+                         "beside the reports")
+
+
+def _evaluate_output(a, evaluation, verdict) -> str:
+    from hashdist.report import format_table, json_safe
+
     out = a.out
     if a.json:
         return json.dumps(json_safe(evaluation.report), indent=2)
@@ -330,6 +389,8 @@ def _evaluate_into(a):
         f"{r['throughput']['pairs']:.3g} pairs in {r['timing']['wall_s']:.2f} s\nreport: {out}/report.json"
         + ("" if a.no_html else f", {out}/report.html")
     )
+    if verdict is not None:
+        tail += f"\nhistory: {a.history}: {verdict['message']}"
     return format_table(r) + tail
 
 
@@ -482,10 +543,51 @@ def _run_split(a):
     return "\n".join(lines)
 
 
+def _add_history(sub):
+    p = sub.add_parser(
+        "history",
+        help="the trend of the runs recorded with evaluate --history, and whether the latest got worse",
+        description="Read the history store HISTORY (written by hashdist evaluate --history or the nightly "
+        "deployment) and print one row per run: time, dataset fingerprint, mAP with its tie interval, mLGAP, the "
+        "mean AP change against the previous run over the queries both evaluated, the paired sign-flip randomisation "
+        "and t-test p-values, and the verdict (DROP: randomisation p < alpha and a lower mean AP; runs whose query "
+        "set or settings differ are not comparable). Writes HISTORY/history.html (or --out): a captioned plot of mAP "
+        "over the runs with its tie interval, and the table.",
+    )
+    p.add_argument("history", metavar="HISTORY")
+    p.add_argument("--out", metavar="PAGE.html", help="where to write the page (default HISTORY/history.html)")
+    p.add_argument("--no-html", action="store_true", help="write no page")
+    p.add_argument("--json", action="store_true", help="print the trend as JSON instead of the table")
+    p.add_argument("--alpha", type=float, default=0.05, help="significance level (default 0.05)")
+    p.add_argument("--min-drop", type=float, default=0.0,
+                   help="flag only drops of mean AP larger than this (default 0: any significant drop)")
+    p.add_argument("--permutations", type=int, default=10000, help="sign-flip patterns per test (default 10000)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the randomisation tests (default 0)")
+
+
+def _run_history(a):
+    from pathlib import Path
+
+    from hashdist.history import trend
+    from hashdist.history_report import format_trend, write_history_html
+    from hashdist.report import json_safe
+
+    result = trend(a.history, alpha=a.alpha, permutations=a.permutations, seed=a.seed, min_drop=a.min_drop)
+    page = None
+    if not a.no_html:
+        page = Path(a.out) if a.out else Path(a.history) / "history.html"
+        if page.is_dir() or not page.parent.is_dir():
+            raise InputError(f"--out {page}: not a file in an existing directory")
+        write_history_html(page, result)
+    if a.json:
+        return json.dumps(json_safe({**result, "html": None if page is None else str(page)}), indent=2)
+    return format_trend(result) + ("" if page is None else f"\npage: {page}")
+
+
 COMMANDS = {"ingest": (_add_ingest, _run_ingest), "synth": (_add_synth, _run_synth),
             "evaluate": (_add_evaluate, _run_evaluate), "compare": (_add_compare, _run_compare),
             "groundtruth": (_add_groundtruth, _run_groundtruth),
-            "split": (_add_split, _run_split)}
+            "split": (_add_split, _run_split), "history": (_add_history, _run_history)}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -517,6 +619,10 @@ def main(argv=None) -> int:
 
                 stack.enter_context(runtime.cli_run(debug=args.debug, server=server))
             message = COMMANDS[args.command][1](args)
+    except _Dropped as exc:  # evaluate --history: the report is written, the run recorded
+        print(exc.output)
+        sys.stderr.write(f"{exc.message}\n")
+        return 3
     except InputError as exc:
         if args.debug:
             raise

@@ -63,9 +63,14 @@ def test_nightly_deployment_runs_on_a_process_worker(prefect_server, class_datas
     assert "0 2 * * *" in inspected and "hashdist-process" in inspected
     out = tmp_path / "nightly-report"
     _prefect(env, "deployment", "run", "evaluate/nightly", "--param", f"dataset={class_dataset}",
-             "--param", f"out={out}", "--param", f"cache={tmp_path / 'cache'}")
+             "--param", f"out={out}", "--param", f"cache={tmp_path / 'cache'}",
+             "--param", f"history={tmp_path / 'history'}")
     _prefect(env, "worker", "start", "--pool", "hashdist-process", "--run-once", timeout=300)
     report = json.loads((out / "report.json").read_text())
     local = evaluate_local(class_dataset, cache=False)
     assert report["metrics"] == json_safe(local.report["metrics"])
     assert report["engine"]["kind"] == "prefect-dask"
+    from hashdist.history import load_history
+
+    (recorded,) = load_history(tmp_path / "history", arrays=False)  # the nightly run is in the history store
+    assert recorded["dataset"]["fingerprint"] == report["dataset"]["fingerprint"]

@@ -1,0 +1,139 @@
+"""The history's trend as a terminal table and as a self-contained HTML page (plot of mAP over runs + table)."""
+
+from __future__ import annotations
+
+import html
+import os
+from pathlib import Path
+
+from hashdist.atomic import temporary_sibling
+from hashdist.render import fmt, html_figure, html_table, page, png, text_table
+
+FLAGS = {"first run": "first run", "not comparable": "not comparable"}
+
+
+def flag(verdict: dict) -> str:
+    """A run's verdict in a word or two: first run, not comparable, DROP, rise, ok."""
+    if verdict["status"] in FLAGS:
+        return FLAGS[verdict["status"]]
+    if verdict["flagged"]:
+        return "DROP"
+    return "rise" if verdict["significant"] and verdict["mean_ap_diff"] > 0 else "ok"
+
+
+def _signed(x) -> str:
+    return "n/a" if x is None else f"{x:+.4f}"
+
+
+def _p(x) -> str:
+    return "n/a" if x is None else f"{x:.3g}"
+
+
+def _time(text: str) -> str:
+    """2026-11-23T02:00:04.123456Z -> 2026-11-23 02:00:04"""
+    return text.replace("T", " ")[:19]
+
+
+def _mlgap_radius(rows) -> str | None:
+    radii = {(r["metrics"].get("mlgap") or {}).get("radius") for r in rows}
+    return radii.pop() if len(radii) == 1 else None
+
+
+def trend_table(trend: dict) -> tuple[str, list[str], list[list[str]]]:
+    """(caption, header, rows): one row per run, oldest first."""
+    rows = trend["runs"]
+    r = _mlgap_radius(rows)
+    p = trend["parameters"]
+    header = ["run", "time (UTC)", "dataset", "mAP", "[worst, best]", f"mLGAP@{r}" if r else "mLGAP",
+              "change", "p (randomisation)", "p (t-test)", "verdict"]
+    table = []
+    for i, row in enumerate(rows, 1):
+        m, v = row["metrics"], row["verdict"]
+        mlgap = m.get("mlgap")
+        mlgap_cell = "n/a" if not mlgap else fmt(mlgap["value"]) + ("" if r else f" (r={mlgap['radius']})")
+        table.append([str(i), _time(row["time"]), row["dataset"]["fingerprint"][:12], fmt(m["map"]["expected"]),
+                      f"[{fmt(m['map']['worst'])}, {fmt(m['map']['best'])}]", mlgap_cell,
+                      _signed(v["mean_ap_diff"]), _p(v["randomization_pvalue"]), _p(v["t_pvalue"]), flag(v)])
+    caption = (f"Runs, oldest first. mAP expected over tie orders, [worst, best] over all tie orders; change: mean "
+               f"AP difference against the previous run over the queries both evaluated; p: two-sided paired tests "
+               f"(sign-flip randomisation, {p['permutations']} patterns, seed {p['seed']}; t-test); DROP: "
+               f"randomisation p < {p['alpha']:g} and a drop" + (f" of more than {p['min_drop']:g}" if p["min_drop"]
+                                                                  else ""))
+    return caption, header, table
+
+
+def format_trend(trend: dict) -> str:
+    """The trend table as aligned text, and the latest verdict."""
+    if not trend["runs"]:
+        return f"{trend['history']}: no runs yet"
+    caption, header, rows = trend_table(trend)
+    return f"{text_table(caption, header, rows)}\n\nlatest: {trend['verdict']['message']}"
+
+
+def plot_map(trend: dict) -> str:
+    """mAP (expected) over the runs with the tie band [worst, best]; drops in red; a dashed line where the
+    query set or settings changed (not comparable). Base64 PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = trend["runs"]
+    x = list(range(1, len(rows) + 1))
+    expected = [r["metrics"]["map"]["expected"] for r in rows]
+    worst = [r["metrics"]["map"]["worst"] for r in rows]
+    best = [r["metrics"]["map"]["best"] for r in rows]
+    fig, ax = plt.subplots(figsize=(max(5.0, min(12.0, 0.45 * len(rows) + 3)), 3.8))
+    ax.fill_between(x, worst, best, step=None, color="lightsteelblue", alpha=0.7, lw=0,
+                    label="tie interval [worst, best]")
+    ax.vlines(x, worst, best, color="steelblue", lw=1)
+    ax.plot(x, expected, marker="o", ms=4, color="navy", label="mAP (expected)")
+    dropped = [(i, e) for i, e, r in zip(x, expected, rows, strict=True) if r["verdict"]["flagged"]]
+    if dropped:
+        ax.plot(*zip(*dropped, strict=True), "o", ms=10, mfc="none", mec="red", mew=2, label="significant drop")
+    for i, r in zip(x, rows, strict=True):
+        if r["verdict"]["status"] == "not comparable":
+            ax.axvline(i - 0.5, color="grey", ls="--", lw=1)
+    if len(rows) <= 12:
+        ax.set_xticks(x, [f"{i}\n{_time(r['time'])[5:16]}" for i, r in zip(x, rows, strict=True)], fontsize=7)
+    ax.set(xlabel="run (UTC time)" if len(rows) <= 12 else "run (times in the table)", ylabel="mAP",
+           title=f"mAP over {len(rows)} runs", xlim=(0.5, len(rows) + 0.5))
+    ax.legend(fontsize=8, loc="best")
+    data = png(fig)
+    plt.close(fig)
+    return data
+
+
+def render_history_html(trend: dict) -> str:
+    rows = trend["runs"]
+    paths = sorted({r["dataset"]["path"] for r in rows})
+    p = trend["parameters"]
+    head = (f"<h1>hashdist history</h1><p>History <code>{html.escape(trend['history'])}</code>: {len(rows)} runs of "
+            + ", ".join(f"<code>{html.escape(str(x))}</code>" for x in paths)
+            + f". Each run is paired with the run before it on the queries both evaluated (the same query set and "
+            f"settings; otherwise not comparable): a significant drop is a two-sided sign-flip randomisation p-value "
+            f"below {p['alpha']:g} with a lower mean AP.</p>")
+    if not rows:
+        return page("hashdist history", head)
+    latest = f"<p id='latest'>Latest: {html.escape(trend['verdict']['message'])}</p>"
+    caption = ("mAP of each run, expected over all orders of items tied at one distance (line), with its tie "
+               "interval from the worst to the best tie order (band and bars); red circles: runs whose AP dropped "
+               "significantly against the run before; dashed lines: the query set or settings changed, so the runs "
+               "on either side are not compared.")
+    figure = html_figure("map-trend", plot_map(trend), caption)
+    table = html_table(*trend_table(trend), table_id="runs")
+    return page("hashdist history", f"{head}{latest}{figure}{table}")
+
+
+def write_history_html(path, trend: dict) -> Path:
+    """Write the page to ``path`` atomically (a temporary sibling renamed over it)."""
+    path = Path(path)
+    text = render_history_html(trend)
+    tmp = temporary_sibling(path)
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path

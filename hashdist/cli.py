@@ -294,6 +294,10 @@ def _add_evaluate(sub):
                    metavar="NAME", help="also report mAP@K as a published script computes it (repeatable): "
                    + "; ".join(f"{c.name}: {c.reproduces}" for c in CONVENTIONS))
     _add_execution_options(p)
+    p.add_argument("--code-parts", type=int, metavar="P",
+                   help="split the database's distinct codes (for mLGAP and code usage) into P parts by hash, each "
+                   "merged and searched on its own (default: one per 4M items, and at least one per cluster thread "
+                   "with the flow); results never depend on P, memory per part does")
     p.add_argument("--no-html", action="store_true", help="skip report.html")
     p.add_argument("--json", action="store_true", help="print report.json instead of the table")
     p.add_argument("--overwrite", action="store_true", help="replace DIR even if it is not a hashdist report")
@@ -322,7 +326,7 @@ def _evaluate_into(a):
         k=a.k, radius=a.radius, beta=a.beta, empty_queries=a.empty_queries, relevance=a.relevance,
         max_grade=a.max_grade, query_block_rows=a.query_block_rows, db_block_rows=a.db_block_rows,
         hashtable=a.hashtable, conventions=a.convention, protocol=a.protocol, distance=a.distance,
-        bit_weights=a.bit_weights, distance_bins=a.distance_bins,
+        bit_weights=a.bit_weights, distance_bins=a.distance_bins, code_parts=a.code_parts,
     )
     cache = False if a.no_cache else a.cache
     if a.engine == "local":

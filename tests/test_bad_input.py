@@ -110,6 +110,7 @@ def dataset(tmp_path, files):
         (["--beta", "0"], "--beta"),
         (["--relevance", "explicit"], "supports only class"),
         (["--cluster-kwargs", "{bad json"], "--cluster-kwargs"),
+        (["--code-parts", "0"], "--code-parts"),
         (["--metric", "foo"], "unrecognized arguments"),
     ],
 )

@@ -43,6 +43,7 @@ from hashdist.cache import resolve_cache
 from hashdist.codeusage import bucket_sizes
 from hashdist.defaults import DEFAULT_BETA, DEFAULT_DISTANCE_BINS, DEFAULT_RADII
 from hashdist.engine import (
+    TALLIES,
     RunResult,
     add_sums,
     assemble,
@@ -85,6 +86,16 @@ def _share(state):
     return state.result() if isinstance(state, State) else state
 
 
+def _failure(state) -> BaseException | None:
+    """The error a histogram task run ended with (after its retries), or None when it completed."""
+    if isinstance(state, State) and not state.is_completed():
+        try:
+            state.result()
+        except BaseException as exc:  # noqa: BLE001 - handed to the flow, which raises it
+            return exc
+    return None
+
+
 def _share_sums(state, q0: int, start: int, stop: int):
     return item_sums(_share(state).sums[q0], q0, start, stop)
 
@@ -96,7 +107,7 @@ def _share_piece(state, part: int):
 
 def _share_tallies(state):
     share = _share(state)
-    return share.bit_ones, share.computed, share.cached
+    return share.bit_ones, share.tallies
 
 
 def _part_bucket_sizes(part):
@@ -115,6 +126,10 @@ def reduce_on_cluster(client, plan, params, shares, states) -> RunResult:
     """The RunResult from the histogram tasks' results (``states``: their Dask futures, one per share),
     reduced on the workers; only per-query values and tallies are gathered here."""
     t0 = time.perf_counter()
+    # a failed share fails the run with its own error (bad input: one line), before any reduction task runs
+    failure = next((exc for exc in client.gather([client.submit(_failure, state) for state in states]) if exc), None)
+    if failure is not None:
+        raise failure
     plan_f, params_f = client.scatter(plan, broadcast=True), client.scatter(params, broadcast=True)
     items = metric_items(plan)
     touching = {q0: [state for (blocks, _), state in zip(shares, states, strict=True)
@@ -132,8 +147,8 @@ def reduce_on_cluster(client, plan, params, shares, states) -> RunResult:
     values = [client.submit(item_metrics, params_f, s, m) for s, m in zip(sums, M, strict=True)]
     tallies = [client.submit(_share_tallies, state) for state in states]
     values, sizes, tallies = client.gather([values, sizes, tallies])
-    result = assemble(plan, params, values, sizes, sum(t[0] for t in tallies), sum(t[1] for t in tallies),
-                      sum(t[2] for t in tallies))
+    result = assemble(plan, params, values, sizes, sum(bit_ones for bit_ones, _ in tallies),
+                      {key: sum(counts[key] for _, counts in tallies) for key in TALLIES})
     result.timing = {"reduce_s": t1 - t0, "metrics_s": time.perf_counter() - t1}
     return result
 

@@ -35,8 +35,8 @@ from hashdist.kernels.codecounts import (
     max_bucket_within,
     merge_code_counts,
 )
+from hashdist.kernels.collapse import auto_histogram_block
 from hashdist.kernels.hashtable import hashtable_counts
-from hashdist.kernels.histogram import histogram_block
 from hashdist.metrics.summary import MetricParams, aggregate, concat_per_query, per_query_metrics
 
 METRIC_ROWS = 1024  # queries per metrics work item: threads share the work evenly, calls stay vectorised
@@ -159,7 +159,9 @@ def make_plan(
 
 def compute_histogram(plan: Plan, block: Block, ds: Dataset | None = None) -> dict[str, np.ndarray]:
     """The block's partial results: ``H`` and, per hashtable setting, per-query TP and retrieved counts;
-    with a distance other than plain Hamming, ``H`` is over its bins and ``H_hamming`` the plain Hamming one."""
+    with a distance other than plain Hamming, ``H`` is over its bins and ``H_hamming`` the plain Hamming one.
+    ``collapse`` is (database rows, their distinct (code, label) rows, 1 if the Hamming histogram was counted
+    over the distinct rows with their multiplicities): hashdist.kernels.collapse decides, the result is the same."""
     ds = ds or open_dataset(plan.url)
     qc = ds.codes("queries", block.q0, block.q1)
     dc = ds.codes("database", block.d0, block.d1)
@@ -168,10 +170,9 @@ def compute_histogram(plan: Plan, block: Block, ds: Dataset | None = None) -> di
     else:
         qrel = ds.labels("queries", block.q0, block.q1)
         drel = ds.labels("database", block.d0, block.d1)
-    result = {
-        "H": histogram_block(qc, dc, plan.nbits, plan.relevance, qrel, drel, db_start=block.d0,
-                             max_grade=plan.largest_grade)
-    }
+    H, collapse = auto_histogram_block(qc, dc, plan.nbits, plan.relevance, qrel, drel, db_start=block.d0,
+                                       max_grade=plan.largest_grade)
+    result = {"H": H, "collapse": np.array([collapse.n_items, collapse.n_distinct, collapse.collapsed], np.int64)}
     if plan.distance is not None:
         scores = ds.read("queries/scores", block.q0, block.q1) if plan.distance.kind == "asymmetric" else None
         result["H_hamming"] = result["H"]
@@ -210,6 +211,9 @@ def cached_code_counts(plan: Plan, block: CountBlock, cache: BlockCache) -> dict
 # -- the reduction: one mergeable state, whichever engine drives the blocks ------
 
 
+TALLIES = ("computed", "cached", "collapsed", "rows", "distinct_rows")
+
+
 @dataclass
 class Partials:
     """The mergeable state of a run: block results summed per query block (exact integers), the database
@@ -224,13 +228,14 @@ class Partials:
     sums: dict[int, dict[str, np.ndarray]] = field(default_factory=dict)
     pieces: dict[int, list[tuple[np.ndarray, np.ndarray]]] = field(default_factory=dict)
     bit_ones: np.ndarray | int = 0
-    computed: int = 0
-    cached: int = 0
+    tallies: dict[str, int] = field(default_factory=lambda: dict.fromkeys(TALLIES, 0))
 
     def add_block(self, q0: int, result: dict[str, np.ndarray], was_cached: bool) -> None:
+        result = dict(result)
+        rows, distinct, collapsed = result.pop("collapse", (0, 0, 0))  # absent from blocks cached before it
         self._add_sums(q0, result)
-        self.cached += was_cached
-        self.computed += not was_cached
+        for key, value in zip(TALLIES, (not was_cached, was_cached, collapsed, rows, distinct), strict=True):
+            self.tallies[key] += int(value)
 
     def add_code_counts(self, counts: dict[str, np.ndarray], parts: int) -> None:
         for p, piece in enumerate(code_parts(counts["codes"], counts["counts"], parts)):
@@ -247,8 +252,7 @@ class Partials:
         for p, pieces in other.pieces.items():
             self.pieces.setdefault(p, []).extend(pieces)
         self.bit_ones = self.bit_ones + other.bit_ones
-        self.computed += other.computed
-        self.cached += other.cached
+        self.tallies = {key: self.tallies[key] + other.tallies[key] for key in TALLIES}
         return self
 
     def _add_sums(self, q0: int, part: dict[str, np.ndarray]) -> None:
@@ -308,15 +312,24 @@ def query_shells(plan: Plan, sums: dict[str, np.ndarray]) -> np.ndarray:
 
 @dataclass(frozen=True)
 class CodePart:
-    """One code part: its distinct codes with their counts and the ball lookup table over them."""
+    """One code part: its distinct codes (sorted) with their counts."""
 
     codes: np.ndarray
     counts: np.ndarray
-    slots: np.ndarray | None
+    nbits: int
+    radius: int
 
-    @property
-    def bucket_sizes(self) -> np.ndarray:
-        return bucket_sizes(self.counts)
+    @functools.cached_property
+    def slots(self) -> np.ndarray | None:
+        """The ball lookup table over the codes, built on first use (None: scanning them is cheaper)."""
+        return ball_lookup_table(self.codes, self.nbits, self.radius)
+
+    def max_buckets(self, queries: np.ndarray, shells: np.ndarray) -> np.ndarray:
+        """M_k of these queries within this part. Only a shell of 2 or more items can hold a bucket above 1,
+        so without such a shell, or when every code here holds one item, no search (and no table) is needed."""
+        search = len(self.counts) and self.counts.max() > 1 and (shells >= 2).any()
+        return max_bucket_within(queries, self.codes, self.counts, self.nbits, self.radius,
+                                 self.slots if search else None, shells)
 
 
 def code_part(plan: Plan, pieces) -> CodePart:
@@ -326,14 +339,13 @@ def code_part(plan: Plan, pieces) -> CodePart:
         codes, counts = merge_code_counts(pieces)
     else:
         codes, counts = np.zeros((0, -(-plan.nbits // 64)), dtype=np.uint64), np.zeros(0, dtype=np.int64)
-    return CodePart(codes, counts, ball_lookup_table(codes, plan.nbits, plan.max_radius))
+    return CodePart(codes, counts, plan.nbits, plan.max_radius)
 
 
 def part_max_buckets(plan: Plan, part: CodePart, start: int, stop: int, shells: np.ndarray,
                      ds: Dataset | None = None) -> np.ndarray:
     """M_k of queries [start, stop) within one code part; the maximum over parts is M_k."""
-    queries = (ds or open_dataset(plan.url)).codes("queries", start, stop)
-    return max_bucket_within(queries, part.codes, part.counts, plan.nbits, plan.max_radius, part.slots, shells)
+    return part.max_buckets((ds or open_dataset(plan.url)).codes("queries", start, stop), shells)
 
 
 def item_metrics(params: MetricParams, sums: dict[str, np.ndarray], M: np.ndarray) -> dict[str, np.ndarray]:
@@ -352,19 +364,22 @@ class RunResult:
     per_query: dict[str, np.ndarray]
     bucket_sizes: np.ndarray  # (size, codes) rows: how many distinct database codes hold each number of items
     code_usage: dict
-    blocks: dict  # {total, computed, cached}
+    blocks: dict  # {total, computed, cached, collapsed, distinct_fraction}
     timing: dict = field(default_factory=dict)
 
 
-def assemble(plan: Plan, params: MetricParams, item_values, part_sizes, bit_ones, computed: int,
-             cached: int) -> RunResult:
-    """The RunResult from every metric item's per-query values (in plan order), each code part's
-    bucket sizes and the per-bit set counts: the report's means and the code usage."""
+def assemble(plan: Plan, params: MetricParams, item_values, part_sizes, bit_ones, tallies: dict) -> RunResult:
+    """The RunResult from every metric item's per-query values (in plan order), each code part's bucket sizes,
+    the per-bit set counts and the blocks' tallies: the report's means, the code usage and the block counts."""
     per_query = concat_per_query(list(item_values))
     metrics, queries = aggregate(per_query, params)
     sizes = merge_bucket_sizes(part_sizes)
     usage = code_usage(sizes, bit_ones, int((sizes[:, 0] * sizes[:, 1]).sum()), plan.nbits)
-    blocks = {"total": len(plan.histogram_blocks), "computed": computed, "cached": cached}
+    # distinct (code, label) rows per database row over the blocks that recorded it (exact where collapsed,
+    # else hashdist.kernels.collapse's estimate); None when every block came from a cache that predates it
+    fraction = tallies["distinct_rows"] / tallies["rows"] if tallies["rows"] else None
+    blocks = {"total": len(plan.histogram_blocks), "computed": tallies["computed"], "cached": tallies["cached"],
+              "collapsed": tallies["collapsed"], "distinct_fraction": fraction}
     return RunResult(metrics, queries, per_query, sizes, usage, blocks)
 
 
@@ -385,10 +400,10 @@ def finish(plan: Plan, params: MetricParams, partials: Partials, map_items) -> R
         found = map_items(lambda i, part=part: part_max_buckets(plan, part, *items[i][1:], shells[i], ds),
                           range(len(items)))
         M = [m if old is None else np.maximum(old, m) for old, m in zip(M, found, strict=True)]
-        part_sizes.append(part.bucket_sizes)
+        part_sizes.append(bucket_sizes(part.counts))
     t1 = time.perf_counter()
     values = map_items(lambda i: item_metrics(params, sums[i], M[i]), range(len(items)))
-    result = assemble(plan, params, values, part_sizes, partials.bit_ones, partials.computed, partials.cached)
+    result = assemble(plan, params, values, part_sizes, partials.bit_ones, partials.tallies)
     result.timing = {"reduce_s": t1 - t0, "metrics_s": time.perf_counter() - t1}
     return result
 

@@ -6,7 +6,11 @@ has a random centre code; an item's code is its class centre, or for multi-label
 items a per-bit random mix of its concepts' centres, with each bit then flipped
 independently with probability ``noise``. With probability ``collision`` an item
 instead gets exactly the centre code of its (first) class, so many items share a
-code, as with supervised hashing models.
+code, as with supervised hashing models. With ``prototypes`` P > 0, every class (concept)
+instead has P prototype codes (its centre with each bit flipped with probability
+``noise``) and an item copies one of its (first) class's prototypes, a fraction
+``stray`` of items with one random bit flipped: most items then sit on a few codes per
+class, the collapse of supervised codes (preset ``collisions``).
 
 Rows are generated in fixed generation blocks whose size depends only on the
 parameters (not on ``chunk_rows``), each from its own random streams seeded by
@@ -57,12 +61,17 @@ PRESETS: dict[str, dict] = {
         n_database=59_000, n_queries=1_000, nbits=64, labels="class", n_classes=10,
         noise=0.15, collision=0.0,
     ),
+    # collapsed supervised codes: 200 codes per class hold 99% of the items (about 2% distinct rows)
+    "collisions": dict(
+        n_database=200_000, n_queries=2_000, nbits=64, labels="class", n_classes=10,
+        noise=0.15, collision=0.0, prototypes=200, stray=0.01,
+    ),
 }
 
 LABEL_KINDS = ("class", "multilabel")
 DIGITS_METHODS = ("lsh", "pcah", "itq")
 MAX_CLASSES = 1_000_000
-MAX_CENTRE_BITS = 1 << 30  # packed class centres take at most 128 MiB
+MAX_CENTRE_BITS = 1 << 30  # packed class centres (or prototypes) take at most 128 MiB
 MAX_CONCEPTS = 4096
 ZIPF_EXPONENT = 1.0  # concept c is drawn with weight (c + 1) ** -ZIPF_EXPONENT
 ITQ_ITERATIONS = 50
@@ -70,8 +79,9 @@ GEN_ELEMENTS = 1 << 21  # rows per generation block * max(nbits, n_concepts, 64)
 
 _PART_IDS = {"database": 0, "queries": 1}
 _CENTRES = 2
+_PROTOTYPES = 3
 # independent random streams within one generation block
-_S_LABELS, _S_MIX, _S_NOISE, _S_COLLISION = range(4)
+_S_LABELS, _S_MIX, _S_NOISE, _S_COLLISION, _S_PROTOTYPE, _S_STRAY = range(6)
 
 
 # -- argument checks ----------------------------------------------------------
@@ -143,10 +153,23 @@ def _multi_hot_words(lab: np.ndarray, n_labels: int) -> np.ndarray:
     return words
 
 
+def _check_prototypes(prototypes, stray, n_centres: int, nbits: int) -> tuple[int, float]:
+    prototypes = _int_opt(prototypes, "--prototypes", 0)
+    stray = _float_opt(stray, "--stray", 0.0, 1.0)
+    if prototypes * n_centres * nbits > MAX_CENTRE_BITS:
+        raise InputError(f"--prototypes {prototypes} x {n_centres} classes x --nbits {nbits} exceeds "
+                         f"{MAX_CENTRE_BITS} prototype bits")
+    if stray > 0 and not prototypes:
+        raise InputError("--stray needs --prototypes")
+    return prototypes, stray
+
+
 class _Generator:
-    def __init__(self, *, nbits, labels, n_classes, n_concepts, labels_per_item, noise, collision, seed):
+    def __init__(self, *, nbits, labels, n_classes, n_concepts, labels_per_item, noise, collision, seed,
+                 prototypes=0, stray=0.0):
         self.nbits, self.labels, self.noise, self.collision, self.seed = nbits, labels, noise, collision, seed
         self.labels_per_item = labels_per_item
+        self.prototypes, self.stray = prototypes, stray
         crng = _rng(seed, _CENTRES)
         if labels == "class":
             self.n_centres = n_classes
@@ -164,7 +187,26 @@ class _Generator:
         self.centre_words = np.concatenate(blocks)
         if labels == "multilabel":  # at most 4096 x 4096 bytes
             self.centre_bits = unpack_bits(self.centre_words, nbits)
+        if prototypes:  # prototype p of class c is row c * prototypes + p: its centre plus noise
+            prng, blocks = _rng(seed, _PROTOTYPES), []
+            for i in range(0, self.n_centres * prototypes, step):
+                rows = np.arange(i, min(i + step, self.n_centres * prototypes))
+                flips = pack_bits(prng.random((len(rows), nbits), dtype=np.float32) < noise)
+                blocks.append(self.centre_words[rows // prototypes] ^ flips)
+            self.prototype_words = np.concatenate(blocks)
         self.gen_rows = _gen_rows(nbits, self.width)
+
+    def _copy_prototypes(self, key, primary: np.ndarray) -> np.ndarray:
+        """Codes of items whose (first) class is ``primary``: a random prototype each, some with a bit flipped."""
+        n = primary.shape[0]
+        pick = _rng(*key, _S_PROTOTYPE).integers(0, self.prototypes, size=n, dtype=np.int64)
+        words = self.prototype_words[primary * self.prototypes + pick]
+        if self.stray > 0:
+            rs = _rng(*key, _S_STRAY)
+            hit = np.flatnonzero(rs.random(n) < self.stray)
+            bit = rs.integers(0, self.nbits, size=hit.shape[0], dtype=np.int64)
+            words[hit, bit >> 6] ^= np.left_shift(np.uint64(1), (bit & 63).astype(np.uint64))
+        return words
 
     def block(self, part: str, b: int, n: int) -> tuple[np.ndarray, np.ndarray]:
         """Rows of generation block ``b`` of ``part`` (n rows): (code words, labels)."""
@@ -174,22 +216,28 @@ class _Generator:
         if self.labels == "class":
             primary = rl.integers(0, self.n_centres, size=n, dtype=np.int64)
             labels = primary
-            words = self.centre_words[primary]
-            if self.noise > 0:
-                words = words ^ pack_bits(rn.random((n, nbits), dtype=np.float32) < self.noise)
+            if self.prototypes:
+                words = self._copy_prototypes(key, primary)
+            else:
+                words = self.centre_words[primary]
+                if self.noise > 0:
+                    words = words ^ pack_bits(rn.random((n, nbits), dtype=np.float32) < self.noise)
         else:
             lab, k = _draw_concepts(rl, n, self.n_centres, self.labels_per_item, self.log_w)
             primary = lab[:, 0]
             labels = _multi_hot_words(lab, self.n_centres)
-            if int(k.max()) == 1:
-                bits = self.centre_bits[primary]
+            if self.prototypes:
+                words = self._copy_prototypes(key, primary)
             else:
-                slot = rm.integers(0, k[:, None], size=(n, nbits), dtype=np.int64)
-                chosen = np.take_along_axis(lab, slot, axis=1)
-                bits = self.centre_bits[chosen, np.arange(nbits)[None, :]]
-            if self.noise > 0:
-                bits ^= (rn.random((n, nbits), dtype=np.float32) < self.noise).view(np.uint8)
-            words = pack_bits(bits)
+                if int(k.max()) == 1:
+                    bits = self.centre_bits[primary]
+                else:
+                    slot = rm.integers(0, k[:, None], size=(n, nbits), dtype=np.int64)
+                    chosen = np.take_along_axis(lab, slot, axis=1)
+                    bits = self.centre_bits[chosen, np.arange(nbits)[None, :]]
+                if self.noise > 0:
+                    bits ^= (rn.random((n, nbits), dtype=np.float32) < self.noise).view(np.uint8)
+                words = pack_bits(bits)
         if self.collision > 0:
             hit = rc.random(n) < self.collision
             words[hit] = self.centre_words[primary[hit]]
@@ -214,6 +262,8 @@ def synth_dataset(
     labels_per_item: float = 1.9,
     noise: float = 0.15,
     collision: float = 0.0,
+    prototypes: int = 0,
+    stray: float = 0.0,
     seed: int = 0,
     chunk_rows: int = DEFAULT_CHUNK_ROWS,
     query_chunk_rows: int = DEFAULT_QUERY_CHUNK_ROWS,
@@ -228,6 +278,8 @@ def synth_dataset(
     (concept 0 the most popular); its code takes each bit from the centre of a
     randomly chosen one of its concepts. Labels are stored packed multi-hot
     (relevance "multilabel"). Queries are independent items of the same distribution.
+    ``prototypes`` > 0: an item's code is one of ``prototypes`` fixed codes of its (first) class
+    (each the class centre plus ``noise``), a fraction ``stray`` of items with one bit flipped.
     """
     n_database = _int_opt(n_database, "--n-database", 1)
     n_queries = _int_opt(n_queries, "--n-queries", 1)
@@ -241,6 +293,7 @@ def synth_dataset(
     labels_per_item = _float_opt(labels_per_item, "--labels-per-item", 1.0)
     noise = _float_opt(noise, "--noise", 0.0, 1.0)
     collision = _float_opt(collision, "--collision", 0.0, 1.0)
+    prototypes, stray = _check_prototypes(prototypes, stray, n_classes if labels == "class" else n_concepts, nbits)
     seed = _int_opt(seed, "--seed", 0)
     chunk_rows = _int_opt(chunk_rows, "--chunk-rows", 1)
     query_chunk_rows = _int_opt(query_chunk_rows, "--query-chunk-rows", 1)
@@ -255,9 +308,12 @@ def synth_dataset(
     else:
         params.update(n_concepts=n_concepts, labels_per_item=labels_per_item, zipf_exponent=ZIPF_EXPONENT)
         relevance, n_labels = ("multilabel",), n_concepts
+    if prototypes:  # recorded only when used: earlier datasets keep their attributes
+        params.update(prototypes=prototypes, stray=stray)
     gen = _Generator(
         nbits=nbits, labels=labels, n_classes=n_classes, n_concepts=n_concepts,
         labels_per_item=labels_per_item, noise=noise, collision=collision, seed=seed,
+        prototypes=prototypes, stray=stray,
     )
     params["generation_rows"] = gen.gen_rows
     with DatasetWriter(
@@ -290,18 +346,21 @@ def _write_pooled(out, n: int, nbits: int, label_shape: tuple, label_dtype, bloc
 
 def synth_pooled(out, *, n_items: int, nbits: int = 64, labels: str = "multilabel", n_classes: int = 10,
                  n_concepts: int = 24, labels_per_item: float = 1.9, noise: float = 0.15, collision: float = 0.0,
-                 seed: int = 0, overwrite: bool = False) -> str:
+                 prototypes: int = 0, stray: float = 0.0, seed: int = 0, overwrite: bool = False) -> str:
     """Every item of a synthetic dataset, unsplit (``hashdist synth --pooled DIR``), for ``hashdist split``:
     DIR/codes.npy ((N, B) uint8 0/1) and DIR/labels.npy (class ids, or (N, concepts) uint8 multi-hot)."""
     n_items = _int_opt(n_items, "--n-items", 2)
     nbits = _int_opt(nbits, "--nbits", 1, MAX_NBITS)
     if labels not in LABEL_KINDS:
         raise InputError(f"--labels must be one of {', '.join(LABEL_KINDS)}, got {labels!r}")
-    gen = _Generator(nbits=nbits, labels=labels, n_classes=_int_opt(n_classes, "--n-classes", 1, MAX_CLASSES),
-                     n_concepts=_int_opt(n_concepts, "--n-concepts", 1, MAX_CONCEPTS),
+    n_classes = _int_opt(n_classes, "--n-classes", 1, MAX_CLASSES)
+    n_concepts = _int_opt(n_concepts, "--n-concepts", 1, MAX_CONCEPTS)
+    prototypes, stray = _check_prototypes(prototypes, stray, n_classes if labels == "class" else n_concepts, nbits)
+    gen = _Generator(nbits=nbits, labels=labels, n_classes=n_classes, n_concepts=n_concepts,
                      labels_per_item=_float_opt(labels_per_item, "--labels-per-item", 1.0),
                      noise=_float_opt(noise, "--noise", 0.0, 1.0),
-                     collision=_float_opt(collision, "--collision", 0.0, 1.0), seed=_int_opt(seed, "--seed", 0))
+                     collision=_float_opt(collision, "--collision", 0.0, 1.0), seed=_int_opt(seed, "--seed", 0),
+                     prototypes=prototypes, stray=stray)
 
     def blocks():
         for b, start in enumerate(range(0, n_items, gen.gen_rows)):

@@ -61,7 +61,7 @@ def test_tasks_retry_transient_faults_but_not_bad_input():
     import flows.groundtruth
 
     tasks = [v for m in (flows.evaluate, flows.groundtruth) for v in vars(m).values() if isinstance(v, Task)]
-    assert len(tasks) >= 3
+    assert {task.name for task in tasks} >= {"histogram-blocks", "groundtruth-block"}
     for task in tasks:
         retry = task.retry_condition_fn  # what Prefect's task engine asks before a retry
         assert retry is not None, task.name

@@ -55,3 +55,28 @@ def test_a_large_database_is_shared_so_no_share_holds_more_codes_than_a_part(cla
     shares = work_shares(scaled, 1)
     assert len(shares) >= 3
     assert sum(len(counts) for _, counts in shares) == len(plan.count_blocks)
+
+
+def test_collapsed_blocks_give_the_same_bits_and_report_their_distinct_fraction(tmp_path):
+    """Most items on a few codes per class: blocks are counted over distinct (code, label) rows."""
+    from flows.evaluate import run_evaluation
+    from hashdist.synth import synth_dataset
+
+    url = synth_dataset(tmp_path / "collide.zarr", n_database=12_000, n_queries=300, nbits=64, labels="class",
+                        n_classes=5, noise=0.15, collision=0.0, prototypes=20, stray=0.01, chunk_rows=4096)
+    local = evaluate_local(url, cache=False, threads=2, db_block_rows=4096)
+    blocks = local.report["blocks"]
+    assert blocks["collapsed"] == blocks["computed"] == blocks["total"] == 3
+    assert 0 < blocks["distinct_fraction"] < 0.1
+    # the same run with every block counted item by item: the collapse threshold set to never
+    import hashdist.kernels.collapse as collapse
+
+    never = pytest.MonkeyPatch()
+    never.setattr(collapse, "collapse_limit", lambda n_items, n_queries: -1)
+    try:
+        plain = evaluate_local(url, cache=False, threads=2, db_block_rows=4096)
+    finally:
+        never.undo()
+    assert plain.report["blocks"]["collapsed"] == 0
+    _same(local, plain)
+    _same(run_evaluation(url, cache=False, threads=2, code_parts=3, db_block_rows=4096), local)

@@ -34,29 +34,24 @@ def code_counts(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def code_parts(codes: np.ndarray, counts: np.ndarray, parts: int) -> list[tuple[np.ndarray, np.ndarray]]:
     """Code counts split into ``parts`` pieces by a hash of the code (a code's part never depends on the chunk)."""
-    h = np.full(codes.shape[0], 0x9E3779B97F4A7C15, dtype=np.uint64)
-    for w in range(codes.shape[1]):  # splitmix64 over the words, as the lookup table's hash
-        x = codes[:, w] ^ h
-        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        h = x ^ (x >> np.uint64(31))
-    part = (h % np.uint64(parts)).astype(np.intp)
-    return [(np.ascontiguousarray(codes[part == p]), counts[part == p]) for p in range(parts)]
+    codes = np.ascontiguousarray(codes, dtype=np.uint64)
+    order, bounds = np.empty(codes.shape[0], dtype=np.int64), np.zeros(parts + 1, dtype=np.int64)
+    _order_by_part(codes, parts, order, bounds)
+    return [(codes[order[a:b]], counts[order[a:b]]) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
 
 
 def merge_code_counts(parts) -> tuple[np.ndarray, np.ndarray]:
-    """Sum code counts from several chunks (exact, order-independent result); ``parts`` is not empty."""
+    """Sum code counts from several chunks (exact, order-independent result: codes sorted by word); ``parts``
+    is not empty."""
     parts = list(parts)
     codes = np.concatenate([p[0] for p in parts])
-    counts = np.concatenate([p[1] for p in parts])
-    if codes.shape[1] == 1:
-        unique, inverse = np.unique(codes[:, 0], return_inverse=True)
-        unique = unique.reshape(-1, 1)
-    else:
-        unique, inverse = np.unique(codes, axis=0, return_inverse=True)
-    total = np.zeros(len(unique), dtype=np.int64)
-    np.add.at(total, inverse.reshape(-1), counts)
-    return np.ascontiguousarray(unique), total
+    counts = np.concatenate([p[1] for p in parts]).astype(np.int64, copy=False)
+    if codes.shape[0] == 0:
+        return codes, counts
+    order = np.lexsort(codes.T[::-1])  # first word most significant, as np.unique(axis=0)
+    codes = codes[order]
+    starts = np.flatnonzero(np.concatenate([[True], (codes[1:] != codes[:-1]).any(axis=1)]))
+    return np.ascontiguousarray(codes[starts]), np.add.reduceat(counts[order], starts)
 
 
 # -- hash table over code rows (open addressing, linear probing) ---------------
@@ -71,6 +66,23 @@ def _mix(codes_row):
         x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
         h = x ^ (x >> np.uint64(31))
     return h
+
+
+@cached_njit(nogil=True)
+def _order_by_part(codes, parts, order, bounds):
+    """A counting sort of the rows by code part (stable: each part keeps the rows' order); rows of part p are
+    order[bounds[p]:bounds[p + 1]]. A row's part comes from its hash's upper 32 bits (the lookup table
+    uses the lower ones, so a part's codes still fill its table evenly)."""
+    part = np.empty(codes.shape[0], dtype=np.int64)
+    for i in range(codes.shape[0]):
+        part[i] = np.int64(((_mix(codes[i]) >> np.uint64(32)) * np.uint64(parts)) >> np.uint64(32))
+        bounds[part[i] + 1] += 1
+    for p in range(parts):
+        bounds[p + 1] += bounds[p]
+    fill = bounds[:-1].copy()
+    for i in range(codes.shape[0]):
+        order[fill[part[i]]] = i
+        fill[part[i]] += 1
 
 
 @cached_njit(nogil=True)

@@ -1,0 +1,407 @@
+"""Histograms over distinct (code, label) rows: cost in distinct rows, not items (issue #14).
+
+Supervised hash codes collapse: most items of a class share a few codes. A database
+block then holds few distinct (code, label) rows, and a query's histogram is the sum,
+over those rows, of the row's multiplicity at the row's (distance, grade) cell. The
+queries are collapsed the same way and their histograms scattered back, so the work is
+distinct queries x distinct database rows instead of queries x items. The result is
+identical to :func:`hashdist.kernels.histogram.histogram_block` (same dtype, shape and
+counts) for class and multi-label relevance.
+
+:func:`auto_histogram_block` (the engine's entry point) decides per block with
+:func:`should_collapse`: a sample of ~8 sqrt(N) database rows rules out blocks of
+(mostly) distinct rows at once; otherwise a hash table counts the block's distinct rows,
+giving up as soon as there are more than ``COLLAPSE_FRACTION`` of the items, and the
+block is collapsed below that (those distinct rows are then reused).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import numpy as np
+from numba import njit
+
+from hashdist.kernels import cached_njit
+from hashdist.kernels.histogram import _as_int32_labels, histogram_block, n_grades
+from hashdist.kernels.popcount import popcount64
+
+# Collapse when the database block has at most this share of distinct (code, label) rows. Measured with
+# bench/collapse.py (1 thread, 1,000 distinct queries x 262,144 items, so only the database collapses): the
+# weighted kernel does ~1.2e9 pairs/s against the tuned kernel's ~2e9 (B=64 class), and the collapsed path
+# breaks even near U/N = 1/2 and is 2.0x (class and multi-label B=64) to 2.3x (class B=128) faster at 1/4.
+COLLAPSE_FRACTION = 1 / 4
+# With few queries the fixed cost of counting the block's distinct rows (~28 ns a row, as much as ~34
+# weighted pairs) matters: collapsing pays while N * 34 + Q * U < Q * N * WEIGHTED_TO_TUNED (in weighted
+# pairs), so the limit is U <= N * min(COLLAPSE_FRACTION, WEIGHTED_TO_TUNED - COUNT_COST_PAIRS / Q).
+WEIGHTED_TO_TUNED = 0.55  # the weighted kernel's pairs/s over the tuned kernel's (0.5-0.6 measured)
+COUNT_COST_PAIRS = 34
+MIN_COLLAPSE_ITEMS = 1024
+SAMPLE_FACTOR = 8  # rows sampled per sqrt(items) before counting a block's distinct rows
+COLLAPSIBLE_KINDS = ("class", "multilabel")
+
+_MIN_TABLE_BITS = 10  # the distinct-row table starts at 1,024 slots and grows 4x at a load of 1/4
+_MIN_TABLE = 1 << _MIN_TABLE_BITS
+_MULTIPLIER = np.uint64(0x9E3779B97F4A7C15)
+_TILE = 4  # queries per pass of the weighted kernels
+_CHUNK = 512  # distinct database rows per pass
+
+
+class DistinctRows(NamedTuple):
+    """Distinct (code, label) rows of a block, in order of first occurrence.
+
+    ``codes[inverse] == codes_in`` and ``labels[inverse] == labels_in``; ``counts[u]`` rows map to ``u``.
+    """
+
+    codes: np.ndarray  # (U, W) uint64
+    labels: np.ndarray  # (U,) class labels or (U, L) uint64 label words, the input's dtype
+    counts: np.ndarray  # (U,) int64, sums to N
+    inverse: np.ndarray  # (N,) int64 in [0, U)
+
+
+class CollapseInfo(NamedTuple):
+    """What :func:`auto_histogram_block` did with one block.
+
+    ``n_distinct`` is the database block's exact distinct (code, label) row count when ``exact`` (always
+    when collapsed). Otherwise it is an estimate: from the sample's repeated rows ("sample"; ``n_items``
+    when it had none), or the distinct share of the rows counted before the count gave up, times the
+    block's rows ("count"); ``n_items`` for blocks not looked at ("kind", "small"). Sum ``n_distinct``
+    and ``n_items`` over blocks for a run's distinct fraction.
+    """
+
+    collapsed: bool
+    n_items: int
+    n_distinct: int
+    exact: bool
+    n_queries: int
+    n_distinct_queries: int  # 0 when the queries were not collapsed
+    decided_by: str  # "kind" (not class or multilabel), "small" (block), "sample" or "count" (distinct rows)
+
+    @property
+    def distinct_fraction(self) -> float:
+        return self.n_distinct / self.n_items if self.n_items else 1.0
+
+
+# -- distinct rows ------------------------------------------------------------------
+
+
+@njit(nogil=True, inline="always")
+def _row_hash(codes, labels, i):
+    """Multiplicative hash of a row's code words then label words: its high bits depend on every bit."""
+    h = np.uint64(0)
+    for w in range(codes.shape[1]):
+        h = (h ^ codes[i, w]) * _MULTIPLIER
+    for w in range(labels.shape[1]):
+        h = (h ^ labels[i, w]) * _MULTIPLIER
+    return h
+
+
+@cached_njit(nogil=True, boundscheck=False)
+def _distinct_ids(codes, labels, max_distinct, first, counts, inverse):
+    """Give each row the id of its (code, label) row, ids in order of first occurrence.
+
+    Open addressing (linear probing) in a table whose rows hold a key (code words, label words)
+    and its id + 1 (0: empty): one cache line per probe. The table grows with the distinct count,
+    so it stays in cache when rows repeat. Fills first[u] (the first row with id u), counts[u]
+    and inverse[i]; returns (U, rows scanned). Stops after the row that makes U exceed max_distinct.
+    """
+    n = codes.shape[0]
+    W, L = codes.shape[1], labels.shape[1]
+    K = W + L + 1
+    size, bits = _MIN_TABLE, _MIN_TABLE_BITS
+    mask, shift = np.uint64(size - 1), np.uint64(64 - bits)
+    table = np.zeros((size, K), dtype=np.uint64)
+    u = 0
+    for i in range(n):
+        slot = _row_hash(codes, labels, i) >> shift  # the hash's top bits
+        while True:
+            e = table[slot]
+            id1 = e[K - 1]
+            if id1 == 0:
+                for w in range(W):
+                    e[w] = codes[i, w]
+                for w in range(L):
+                    e[W + w] = labels[i, w]
+                e[K - 1] = u + 1
+                first[u] = i
+                counts[u] = 1
+                inverse[i] = u
+                u += 1
+                break
+            eq = True  # no early exit: branch-free is faster here
+            for w in range(W):
+                eq &= e[w] == codes[i, w]
+            for w in range(L):
+                eq &= e[W + w] == labels[i, w]
+            if eq:
+                j = np.int64(id1) - 1
+                counts[j] += 1
+                inverse[i] = j
+                break
+            slot = (slot + np.uint64(1)) & mask
+        if u > max_distinct:
+            return u, i + 1
+        if 4 * u > size:  # keep the load at most 1/4: fewer second probes (mispredicted branches)
+            old = table
+            size, bits = size * 4, bits + 2
+            mask, shift = np.uint64(size - 1), np.uint64(64 - bits)
+            table = np.zeros((size, K), dtype=np.uint64)
+            for k in range(old.shape[0]):
+                if old[k, K - 1] != 0:
+                    slot = _row_hash(old[:, :W], old[:, W : K - 1], k) >> shift
+                    while table[slot, K - 1] != 0:
+                        slot = (slot + np.uint64(1)) & mask
+                    for w in range(K):  # (not table[slot] = old[k]: its error path takes seconds to compile)
+                        table[slot, w] = old[k, w]
+    return u, n
+
+
+def _label_words(labels: np.ndarray, n: int) -> np.ndarray:
+    """Labels as (n, L) uint64 rows the hash and compare see: a class label as its int64 bits."""
+    labels = np.asarray(labels)
+    if labels.ndim == 1:
+        if labels.dtype.kind in "iub" and labels.dtype.itemsize <= 8:
+            return np.ascontiguousarray(labels.astype(np.int64, copy=False)).view(np.uint64).reshape(n, 1)
+        _, ids = np.unique(labels, return_inverse=True)  # other dtypes: equal labels, equal ids
+        return ids.astype(np.uint64).reshape(n, 1)
+    return np.ascontiguousarray(labels, dtype=np.uint64)
+
+
+def distinct_rows(codes: np.ndarray, labels: np.ndarray | None = None, *,
+                  max_distinct: int | None = None) -> DistinctRows | None:
+    """Distinct (code, label) rows of a block with their multiplicities, in order of first occurrence.
+
+    ``codes`` are (N, W) uint64 word rows; ``labels`` class labels (N,) or packed multi-label words
+    (N, L), or None for codes alone. With ``max_distinct``, returns None as soon as the block has more
+    distinct rows than that (having scanned only part of it). O(N) expected time.
+    """
+    return _distinct(codes, labels, max_distinct)[0]
+
+
+def _distinct(codes, labels, max_distinct):
+    """(DistinctRows or None, distinct rows seen, rows scanned)."""
+    codes = np.ascontiguousarray(codes, dtype=np.uint64)
+    n = codes.shape[0]
+    if codes.ndim != 2:
+        raise ValueError(f"codes must be (N, words) uint64 rows, got shape {codes.shape}")
+    words = np.zeros((n, 0), dtype=np.uint64) if labels is None else _label_words(labels, n)
+    if words.shape[0] != n:
+        raise ValueError(f"{words.shape[0]} label rows for {n} code rows")
+    limit = n if max_distinct is None else max(0, int(max_distinct))
+    first = np.empty(min(n, limit + 1), dtype=np.int64)
+    counts = np.empty(min(n, limit + 1), dtype=np.int64)
+    inverse = np.empty(n, dtype=np.int64)
+    u, scanned = _distinct_ids(codes, words, limit, first, counts, inverse) if n else (0, 0)
+    if u > limit:
+        return None, u, scanned
+    first, counts = first[:u], counts[:u]
+    labels_u = None if labels is None else np.asarray(labels)[first]
+    return DistinctRows(codes[first], labels_u, counts, inverse), u, scanned
+
+
+# -- weighted histogram over distinct rows --------------------------------------------
+
+
+@njit(nogil=True, inline="always")
+def _add_distances(a, dc, j0, C, scale, cell):
+    """cell[j] += scale * Hamming distance of code words a[1:] to database row j0 + j (word-major dc)."""
+    for w in range(1, a.shape[0]):
+        x, d = a[w], dc[w, j0 : j0 + C]
+        for j in range(C):
+            cell[j] += scale * popcount64(x ^ d[j])
+
+
+@njit(nogil=True, inline="always")
+def _add_counts(Hf, q0, T, cells, counts, j0, C):
+    """Hf[q0 + t, cells[t, j]] += counts[j0 + j]: TILE queries' independent increments per row."""
+    cnt = counts[j0 : j0 + C]
+    if T == _TILE:
+        c0, c1, c2, c3 = cells[0], cells[1], cells[2], cells[3]
+        h0, h1, h2, h3 = Hf[q0], Hf[q0 + 1], Hf[q0 + 2], Hf[q0 + 3]
+        for j in range(C):
+            n = cnt[j]
+            h0[c0[j]] += n
+            h1[c1[j]] += n
+            h2[c2[j]] += n
+            h3[c3[j]] += n
+    else:
+        for t in range(T):
+            h, c = Hf[q0 + t], cells[t]
+            for j in range(C):
+                h[c[j]] += cnt[j]
+
+
+@cached_njit(nogil=True, boundscheck=False)
+def _weighted_class(qc, ql, dc, dl, counts, H, cells):
+    """H[q, d, (ql[q] == dl[j])] += counts[j] over distinct database rows j; dc is word-major (W, Nu).
+
+    A chunk of CHUNK rows at a time (it stays in L1) against TILE queries at a time: a vectorisable
+    pass computes each pair's cell d * 2 + grade, then a scalar pass adds the rows' counts.
+    """
+    Q, Nu = qc.shape[0], dc.shape[1]
+    Hf = H.reshape(Q, H.shape[1] * H.shape[2])
+    for j0 in range(0, Nu, _CHUNK):
+        C = min(_CHUNK, Nu - j0)
+        lab, d = dl[j0 : j0 + C], dc[0, j0 : j0 + C]
+        for q0 in range(0, Q, _TILE):
+            for t in range(_TILE):  # a last partial tile repeats its last query (not counted)
+                q = min(q0 + t, Q - 1)
+                cell, lq, x = cells[t], ql[q], qc[q, 0]
+                for j in range(C):
+                    cell[j] = 2 * popcount64(x ^ d[j]) + (lab[j] == lq)
+                _add_distances(qc[q], dc, j0, C, 2, cell)
+            _add_counts(Hf, q0, min(_TILE, Q - q0), cells, counts, j0, C)
+
+
+@cached_njit(nogil=True, boundscheck=False)
+def _weighted_multilabel(qc, ql, dc, dl, counts, top, H, cells, common):
+    """H[q, d, min(|ql[q] & dl[j]|, top)] += counts[j]; dc and dl are word-major (W, Nu), (L, Nu)."""
+    Q, Nu, ncols = qc.shape[0], dc.shape[1], H.shape[2]
+    Hf = H.reshape(Q, H.shape[1] * ncols)
+    for j0 in range(0, Nu, _CHUNK):
+        C = min(_CHUNK, Nu - j0)
+        d = dc[0, j0 : j0 + C]
+        for q0 in range(0, Q, _TILE):
+            for t in range(_TILE):  # a last partial tile repeats its last query (not counted)
+                q = min(q0 + t, Q - 1)
+                cell, x = cells[t], qc[q, 0]
+                _fill_common(ql[q], dl, j0, C, common)
+                for j in range(C):
+                    cell[j] = ncols * popcount64(x ^ d[j]) + min(common[j], top)
+                _add_distances(qc[q], dc, j0, C, ncols, cell)
+            _add_counts(Hf, q0, min(_TILE, Q - q0), cells, counts, j0, C)
+
+
+@njit(nogil=True, inline="always")
+def _fill_common(a, dl, j0, C, common):
+    """common[j] = labels that label words a share with database row j0 + j (word-major dl), j < C."""
+    for j in range(C):
+        common[j] = 0
+    for w in range(a.shape[0]):
+        x, d = a[w], dl[w, j0 : j0 + C]
+        for j in range(C):
+            common[j] += popcount64(x & d[j])
+
+
+def weighted_histogram(qc, qrel, db: DistinctRows, nbits: int, kind: str, max_grade: int = 1) -> np.ndarray:
+    """Histograms of queries against a collapsed database block: each distinct row adds its count.
+
+    Returns (Q, nbits + 1, n_grades(kind, max_grade)) int64, as histogram_block does for the items.
+    """
+    qc = np.ascontiguousarray(qc, dtype=np.uint64)
+    ncols = n_grades(kind, max_grade)
+    H = np.zeros((qc.shape[0], nbits + 1, ncols), dtype=np.int64)
+    if qc.shape[0] == 0 or db.counts.shape[0] == 0:
+        return H
+    dc = np.ascontiguousarray(db.codes.T)
+    cells = np.empty((_TILE, _CHUNK), dtype=np.int64)
+    if kind == "class":
+        ql, dl = _as_int32_labels(qrel, db.labels)
+        _weighted_class(qc, ql, dc, dl, db.counts, H, cells)
+    elif kind == "multilabel":
+        ql = np.ascontiguousarray(qrel, dtype=np.uint64)
+        dl = np.ascontiguousarray(np.asarray(db.labels, dtype=np.uint64).T)
+        _weighted_multilabel(qc, ql, dc, dl, db.counts, max_grade, H, cells, np.empty(_CHUNK, dtype=np.int64))
+    else:
+        raise ValueError(f"relevance {kind!r} cannot be collapsed (only {', '.join(COLLAPSIBLE_KINDS)})")
+    return H
+
+
+def collapsed_histogram_block(query_codes, db_codes, nbits: int, kind: str, query_rel, db_rel, *,
+                              max_grade: int = 1, db: DistinctRows | None = None) -> np.ndarray:
+    """``histogram_block`` for class or multi-label relevance over distinct rows, always collapsing.
+
+    The database block (or its precomputed ``db = distinct_rows(db_codes, db_rel)``) and the queries
+    are reduced to distinct (code, label) rows; the histograms of the distinct queries, each
+    database row weighted by its count, are scattered back to every query. Identical output.
+    """
+    if kind not in COLLAPSIBLE_KINDS:
+        raise ValueError(f"relevance {kind!r} cannot be collapsed (only {', '.join(COLLAPSIBLE_KINDS)})")
+    if db is None:
+        db = distinct_rows(db_codes, db_rel)
+    queries = distinct_rows(query_codes, query_rel)
+    return weighted_histogram(queries.codes, queries.labels, db, nbits, kind, max_grade)[queries.inverse]
+
+
+# -- the decision ----------------------------------------------------------------------
+
+
+def collapse_limit(n_items: int, n_queries: int) -> int:
+    """Most distinct database rows for which a block of n_items rows against n_queries queries is collapsed."""
+    if n_queries <= 0:
+        return 0
+    fraction = min(COLLAPSE_FRACTION, WEIGHTED_TO_TUNED - COUNT_COST_PAIRS / n_queries)
+    return max(0, int(math.floor(fraction * n_items)))
+
+
+def _sample_repeats(codes, labels, n: int) -> tuple[int, int] | None:
+    """(sampled rows, rows in the sample repeating another sampled row), or None if the block is small.
+
+    The same ~SAMPLE_FACTOR * sqrt(n) distinct row indices (a fixed random draw) for every block of n rows.
+    Rows are compared by a 64-bit hash (a collision can only add a repeat, which sends the block on to the
+    exact count), in plain numpy: blocks that do not collapse compile no kernel of this module.
+    """
+    s = int(math.ceil(SAMPLE_FACTOR * math.sqrt(n)))
+    if 4 * s > n:
+        return None
+    idx = np.sort(np.random.default_rng(n).integers(0, n, size=s))
+    idx = idx[np.r_[True, idx[1:] != idx[:-1]]]  # (np.unique takes 10x longer here)
+    columns = list(np.asarray(codes, dtype=np.uint64)[idx].T)
+    if labels is not None:
+        columns += list(_label_words(np.asarray(labels)[idx], len(idx)).T)
+    h = np.zeros(len(idx), dtype=np.uint64)
+    for column in columns:
+        h = (h ^ column) * _MULTIPLIER
+    h = np.sort(h ^ (h >> np.uint64(32)))
+    return len(idx), int(np.count_nonzero(h[1:] == h[:-1]))
+
+
+def should_collapse(n_queries: int, db_codes, db_rel, kind: str) -> tuple[DistinctRows | None, CollapseInfo]:
+    """Whether to collapse a block, from its database rows' distinct count: (distinct rows or None, info).
+
+    Collapses class or multi-label blocks of at least MIN_COLLAPSE_ITEMS items whose distinct (code, label)
+    rows are at most :func:`collapse_limit` (COLLAPSE_FRACTION of the items with enough queries, less with
+    few; none below ~COUNT_COST_PAIRS / WEIGHTED_TO_TUNED = 62 queries). The distinct rows returned are
+    reused by the collapsed path. Two steps keep blocks that do not collapse cheap:
+
+    - a sample of s ~ SAMPLE_FACTOR * sqrt(N) rows: at most F N distinct rows among N give the sample
+      at least s^2 (1/F - 1) / 2N repeated rows on average (s^2 / 2U pairs share a row, fewest when
+      the U rows are equally frequent); under a quarter of that means no (rows of distinct codes give none);
+    - otherwise the count over the block, which stops once the limit is passed.
+    """
+    n = int(np.shape(db_codes)[0])
+    if kind not in COLLAPSIBLE_KINDS:
+        return None, CollapseInfo(False, n, n, False, n_queries, 0, "kind")
+    limit = collapse_limit(n, n_queries)
+    if limit < 1 or n < MIN_COLLAPSE_ITEMS:
+        return None, CollapseInfo(False, n, n, False, n_queries, 0, "small")
+    sample = _sample_repeats(db_codes, db_rel, n)
+    if sample is not None:
+        s, repeats = sample
+        expected = s * s * (n / limit - 1) / (2 * n)
+        if repeats < expected / 4:
+            # equally frequent rows: repeats ~ C(s, 2) (N / U - 1) / (N - 1)
+            estimate = n / (1 + repeats * (n - 1) / (s * (s - 1) / 2))
+            return None, CollapseInfo(False, n, int(round(estimate)), False, n_queries, 0, "sample")
+    rows, u, scanned = _distinct(db_codes, db_rel, limit)
+    if rows is None:
+        estimate = max(u, min(n, round(u / scanned * n)))
+        return None, CollapseInfo(False, n, estimate, False, n_queries, 0, "count")
+    return rows, CollapseInfo(True, n, u, True, n_queries, 0, "count")
+
+
+def auto_histogram_block(query_codes, db_codes, nbits: int, kind: str, query_rel=None, db_rel=None, *,
+                         db_start: int = 0, max_grade: int = 1) -> tuple[np.ndarray, CollapseInfo]:
+    """``histogram_block`` with the same arguments, collapsed to distinct rows when that pays: (H, info).
+
+    H is identical to ``histogram_block``'s; info says whether the block was collapsed and its
+    distinct count (see :class:`CollapseInfo`).
+    """
+    db, info = should_collapse(int(np.shape(query_codes)[0]), db_codes, db_rel, kind)
+    if db is None:
+        return histogram_block(query_codes, db_codes, nbits, kind, query_rel, db_rel, db_start=db_start,
+                               max_grade=max_grade), info
+    queries = distinct_rows(query_codes, query_rel)
+    H = weighted_histogram(queries.codes, queries.labels, db, nbits, kind, max_grade)[queries.inverse]
+    return H, info._replace(n_distinct_queries=int(queries.counts.shape[0]))

@@ -8,7 +8,9 @@ import gc
 import json
 import logging
 import os
+import signal
 import sys
+import threading
 
 
 def set_prefect_defaults() -> None:
@@ -45,9 +47,21 @@ TASK_OPTIONS = dict(cache_policy=NO_CACHE, persist_result=False, retries=2, retr
 
 
 def cluster_threads() -> int:
-    """Worker threads of the flow's Dask cluster (at least 1)."""
+    """Worker threads of the flow's Dask cluster (at least 1), counting workers a per-run cluster has asked for.
+
+    A batch system's workers (dask-jobqueue's SLURMCluster: one job each) join only when their jobs start,
+    usually after the flow has split its work: counting only the workers already there would make one share
+    (none there) and leave every later job idle. So for a cluster with a plan of workers, wait for the first
+    to join and count each planned worker with its threads.
+    """
     client = FlowRunContext.get().task_runner.client
-    return max(1, sum(client.nthreads().values()))
+    threads = client.nthreads()
+    planned = len(getattr(client.cluster, "plan", None) or ())  # a SpecCluster's workers, joined or not
+    if planned > len(threads):
+        client.wait_for_workers(1)
+        threads = client.nthreads()
+        return max(1, sum(threads.values()), planned * max(threads.values(), default=1))
+    return max(1, sum(threads.values()))
 
 
 def progress_bar(total: int, enabled: bool):
@@ -71,6 +85,19 @@ def environment_cluster_kwargs() -> dict | None:
     return kwargs
 
 
+@contextlib.contextmanager
+def _sigint_kept():
+    """SIGINT's handler as it was before: importing dask-jobqueue 0.9.0 sets it to ``sys.exit()``, so Ctrl-C
+    would end an interrupted run with exit status 0 (dask/dask-jobqueue#696, fixed after 0.9.0)."""
+    main = threading.current_thread() is threading.main_thread()
+    handler = signal.getsignal(signal.SIGINT) if main else None
+    try:
+        yield
+    finally:
+        if handler is not None and signal.getsignal(signal.SIGINT) is not handler:
+            signal.signal(signal.SIGINT, handler)
+
+
 def _settle(address, cluster_class, cluster_kwargs, workers, threads) -> DaskTaskRunner:
     """The runner these arguments describe, unset ones taken from $HASHDIST_* now."""
     address = address or os.environ.get("HASHDIST_DASK_ADDRESS")
@@ -80,7 +107,8 @@ def _settle(address, cluster_class, cluster_kwargs, workers, threads) -> DaskTas
     if address:
         return DaskTaskRunner(address=address)
     if cluster_class:
-        return DaskTaskRunner(cluster_class=cluster_class, cluster_kwargs=cluster_kwargs or {})
+        with _sigint_kept():  # the runner imports the cluster class's module
+            return DaskTaskRunner(cluster_class=cluster_class, cluster_kwargs=cluster_kwargs or {})
     # threads: the kernels release the GIL, and a thread worker needs no Prefect server of its own; no
     # dashboard, and the scheduler's HTTP server on a free loopback port (8787 may be another cluster's)
     kwargs = {"n_workers": workers or 1, "threads_per_worker": threads or os.cpu_count() or 1, "processes": False,

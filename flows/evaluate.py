@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 from distributed import as_completed, wait
@@ -122,31 +122,47 @@ def _tree(client, combine, futures):
     return futures[0]
 
 
-def reduce_on_cluster(client, plan, params, shares, states) -> RunResult:
-    """The RunResult from the histogram tasks' results (``states``: their Dask futures, one per share),
-    reduced on the workers; only per-query values and tallies are gathered here."""
-    t0 = time.perf_counter()
-    # a failed share fails the run with its own error (bad input: one line), before any reduction task runs
-    failure = next((exc for exc in client.gather([client.submit(_failure, state) for state in states]) if exc), None)
+@dataclass
+class SharePicks:
+    """A finished share's result taken apart on its worker, so each part can be kept, moved or spilled to
+    disk on its own: its partial sums per metric item it touches, its code-count piece per code part, and
+    its tallies (Dask futures)."""
+
+    sums: dict[int, object]
+    pieces: list
+    tallies: object
+
+
+def pick_share(client, plan, items, blocks, state) -> SharePicks:
+    """Raises the share's error if its task run failed (bad input: one line), before anything depends on it."""
+    failure = client.submit(_failure, state).result()
     if failure is not None:
         raise failure
+    touched = {block.q0 for block in blocks}
+    return SharePicks(
+        sums={i: client.submit(_share_sums, state, q0, start, stop)
+              for i, (q0, start, stop) in enumerate(items) if q0 in touched},
+        pieces=[client.submit(_share_piece, state, p) for p in range(plan.code_parts)],
+        tallies=client.submit(_share_tallies, state),
+    )
+
+
+def reduce_on_cluster(client, plan, params, items, picks: list[SharePicks]) -> RunResult:
+    """The RunResult from the shares' picks, reduced on the workers; only per-query values and tallies are
+    gathered here."""
+    t0 = time.perf_counter()
     plan_f, params_f = client.scatter(plan, broadcast=True), client.scatter(params, broadcast=True)
-    items = metric_items(plan)
-    touching = {q0: [state for (blocks, _), state in zip(shares, states, strict=True)
-                     if any(block.q0 == q0 for block in blocks)] for q0, _ in plan.query_blocks}
-    sums = [_tree(client, add_sums, [client.submit(_share_sums, state, q0, start, stop) for state in touching[q0]])
-            for q0, start, stop in items]
+    sums = [_tree(client, add_sums, [share.sums[i] for share in picks if i in share.sums]) for i in range(len(items))]
     shells = [client.submit(query_shells, plan_f, s) for s in sums]
-    parts = [client.submit(code_part, plan_f, [client.submit(_share_piece, state, p) for state in states])
-             for p in range(plan.code_parts)]
+    parts = [client.submit(code_part, plan_f, [share.pieces[p] for share in picks]) for p in range(plan.code_parts)]
     M = [_tree(client, np.maximum, [client.submit(part_max_buckets, plan_f, part, start, stop, sh) for part in parts])
          for (_, start, stop), sh in zip(items, shells, strict=True)]
     sizes = [client.submit(_part_bucket_sizes, part) for part in parts]
+    del parts
     wait(M)
     t1 = time.perf_counter()
     values = [client.submit(item_metrics, params_f, s, m) for s, m in zip(sums, M, strict=True)]
-    tallies = [client.submit(_share_tallies, state) for state in states]
-    values, sizes, tallies = client.gather([values, sizes, tallies])
+    values, sizes, tallies = client.gather([values, sizes, [share.tallies for share in picks]])
     result = assemble(plan, params, values, sizes, sum(bit_ones for bit_ones, _ in tallies),
                       {key: sum(counts[key] for _, counts in tallies) for key in TALLIES})
     result.timing = {"reduce_s": t1 - t0, "metrics_s": time.perf_counter() - t1}
@@ -193,18 +209,19 @@ def evaluate(
     threads = cluster_threads()
     plan = replace(plan, code_parts=max(plan.code_parts, threads)) if code_parts is None else plan
     shares = work_shares(plan, max(threads, math.ceil(plan.pairs / PAIRS_PER_TASK)))
-    states = [histogram_task.submit(plan, blocks, counts, cache_arg).wrapped_future for blocks, counts in shares]
-    pairs_done, blocks_of = 0, {state.key: blocks for state, (blocks, _) in zip(states, shares, strict=True)}
+    futures = {histogram_task.submit(plan, blocks, counts, cache_arg).wrapped_future: blocks
+               for blocks, counts in shares}
+    items, picks, pairs_done = metric_items(plan), [], 0
     client = FlowRunContext.get().task_runner.client
     with client.as_current(), progress_bar(len(plan.histogram_blocks), progress) as bar:
-        for state in as_completed(states):  # waits without fetching: the results stay on the workers
-            blocks = blocks_of[state.key]
+        for state in as_completed(list(futures)):  # waits without fetching: the results stay on the workers
+            blocks = futures.pop(state)
+            picks.append(pick_share(client, plan, items, blocks, state))  # its result is released once taken apart
             pairs_done += sum(block.pairs for block in blocks)
             bar.update(len(blocks))
             bar.set_postfix_str(f"{pairs_done / max(time.time() - t_start, 1e-9):.3g} pairs/s")
-    t_compute = time.time()
-    with client.as_current():
-        result = reduce_on_cluster(client, plan, params, shares, states)
+        t_compute = time.time()
+        result = reduce_on_cluster(client, plan, params, items, picks)
     started_at = started_at or t_start
     timing = {"startup_s": t_start - started_at, "compute_s": t_compute - t_start, **result.timing, "write_s": 0.0,
               "wall_s": time.time() - started_at}

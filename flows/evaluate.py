@@ -3,21 +3,23 @@
 Thin orchestration over ``hashdist.engine``. The plan's blocks are the unit of
 caching; Prefect tasks take runs of them, because each Prefect task run costs about
 0.1 s of CPU (submission in the flow process, context and API clients on the
-worker): one histogram task per cluster thread (more for very large runs or
-databases), each reading its own Zarr rows on the worker and returning partial
-histograms summed per query block plus its database blocks' code counts split
-into the plan's code parts (``hashdist.engine.Partials``).
+worker): one histogram task per cluster thread (more for very large runs), each
+reading its own Zarr rows on the worker and returning partial histograms summed
+per query block (``hashdist.engine.Partials``).
 
-Those results stay on the workers. The reduction runs there too, as plain Dask
-tasks over the same library functions ``--engine local`` uses: each metric item's
-partial histograms are summed in a tree, each code part is merged from its pieces
-on one worker (no process holds every distinct code), each item's M_k is the
-maximum over the parts, and per-query metrics are computed beside the sums. Only
-per-query values (O(Q)) and small tallies reach the flow process, which finishes
-the report with ``hashdist.engine.assemble``. Sums are exact integers and M_k a
-maximum, so the result is bit-identical to ``--engine local`` whatever the
-cluster's shape. Block results are cached by content in a ``BlockCache``
-directory (shared storage on a cluster).
+Those results stay on the workers, and the reduction runs there too, as plain Dask
+tasks over the same library functions ``--engine local`` uses: each finished share
+is taken apart on its worker (sums per metric item, tallies), each metric item's
+partial histograms are summed in a tree, and per-query metrics are computed beside
+the sums. The database's distinct codes are counted in passes of a few code parts
+(one ``code-counts`` task per cluster thread and pass): each part is merged from its
+pieces on one worker and searched for M_k there, and a pass starts when the one
+before has finished, so no process holds every distinct code and memory does not
+grow with the database. Only per-query values (O(Q)) and small tallies reach the
+flow process, which finishes the report with ``hashdist.engine.assemble``. Sums are
+exact integers and M_k a maximum, so the result is bit-identical to
+``--engine local`` whatever the cluster's shape. Block results are cached by content
+in a ``BlockCache`` directory (shared storage on a cluster).
 
 Run it through ``hashdist evaluate`` or :func:`run_evaluation`; deploy the flow
 ``evaluate`` itself (see deploy/prefect.yaml).
@@ -27,7 +29,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 from distributed import as_completed, wait
@@ -48,6 +50,10 @@ from hashdist.engine import (
     add_sums,
     assemble,
     code_part,
+    code_passes,
+    count_codes,
+    count_shares,
+    for_threads,
     item_metrics,
     item_sums,
     metric_items,
@@ -63,9 +69,15 @@ PAIRS_PER_TASK = 2e10
 
 
 @task(name="histogram-blocks", **TASK_OPTIONS)
-def histogram_task(plan, blocks, count_blocks, cache_dir):
-    """One share of the plan: its blocks' partial results summed per query block, and its code-count pieces."""
-    return run_blocks(plan, blocks, count_blocks, resolve_cache(cache_dir))
+def histogram_task(plan, blocks, cache_dir):
+    """One share of the plan: its blocks' partial results summed per query block."""
+    return run_blocks(plan, blocks, resolve_cache(cache_dir))
+
+
+@task(name="code-counts", **TASK_OPTIONS)
+def count_task(plan, blocks, parts):
+    """The distinct codes of some database blocks in one pass's code parts, a piece per part."""
+    return count_codes(plan, blocks, parts)
 
 
 def _publish_artifacts(report: dict) -> None:
@@ -81,13 +93,13 @@ def _publish_artifacts(report: dict) -> None:
 # -- the reduction, as Dask tasks on the workers that hold the shares ----------
 
 
-def _share(state):
-    """A histogram task's result: Dask holds a Prefect task run's final State (raises the task's error)."""
+def _value(state):
+    """A task's result: Dask holds a Prefect task run's final State (raises the task's error)."""
     return state.result() if isinstance(state, State) else state
 
 
 def _failure(state) -> BaseException | None:
-    """The error a histogram task run ended with (after its retries), or None when it completed."""
+    """The error a task run ended with (after its retries), or None when it completed."""
     if isinstance(state, State) and not state.is_completed():
         try:
             state.result()
@@ -96,18 +108,28 @@ def _failure(state) -> BaseException | None:
     return None
 
 
+def _raise_failures(client, states) -> None:
+    """A failed task fails the run with its own error (bad input: one line), before anything depends on it."""
+    failure = next((exc for exc in client.gather([client.submit(_failure, s) for s in states]) if exc), None)
+    if failure is not None:
+        raise failure
+
+
 def _share_sums(state, q0: int, start: int, stop: int):
-    return item_sums(_share(state).sums[q0], q0, start, stop)
-
-
-def _share_piece(state, part: int):
-    pieces = _share(state).pieces.get(part)
-    return pieces[0] if pieces else None
+    return item_sums(_value(state).sums[q0], q0, start, stop)
 
 
 def _share_tallies(state):
-    share = _share(state)
-    return share.bit_ones, share.tallies
+    return _value(state).tallies
+
+
+def _piece(state, part: int):
+    pieces = _value(state).pieces.get(part)
+    return pieces[0] if pieces else None
+
+
+def _bit_ones(state):
+    return _value(state).bit_ones
 
 
 def _part_bucket_sizes(part):
@@ -124,47 +146,46 @@ def _tree(client, combine, futures):
 
 @dataclass
 class SharePicks:
-    """A finished share's result taken apart on its worker, so each part can be kept, moved or spilled to
-    disk on its own: its partial sums per metric item it touches, its code-count piece per code part, and
-    its tallies (Dask futures)."""
+    """A finished share's result taken apart on its worker, so each piece can be kept, moved or spilled on its
+    own: its partial sums per metric item it touches, and its tallies (Dask futures)."""
 
     sums: dict[int, object]
-    pieces: list
     tallies: object
 
 
-def pick_share(client, plan, items, blocks, state) -> SharePicks:
-    """Raises the share's error if its task run failed (bad input: one line), before anything depends on it."""
-    failure = client.submit(_failure, state).result()
-    if failure is not None:
-        raise failure
+def pick_share(client, items, blocks, state) -> SharePicks:
+    _raise_failures(client, [state])
     touched = {block.q0 for block in blocks}
-    return SharePicks(
-        sums={i: client.submit(_share_sums, state, q0, start, stop)
-              for i, (q0, start, stop) in enumerate(items) if q0 in touched},
-        pieces=[client.submit(_share_piece, state, p) for p in range(plan.code_parts)],
-        tallies=client.submit(_share_tallies, state),
-    )
+    return SharePicks(sums={i: client.submit(_share_sums, state, q0, start, stop)
+                            for i, (q0, start, stop) in enumerate(items) if q0 in touched},
+                      tallies=client.submit(_share_tallies, state))
 
 
-def reduce_on_cluster(client, plan, params, items, picks: list[SharePicks]) -> RunResult:
-    """The RunResult from the shares' picks, reduced on the workers; only per-query values and tallies are
-    gathered here."""
+def reduce_on_cluster(client, plan, params, items, picks: list[SharePicks], threads: int) -> RunResult:
+    """The RunResult from the shares' picks, reduced on the workers, and the code counts, one pass of code
+    parts at a time; only per-query values and tallies are gathered here."""
     t0 = time.perf_counter()
     plan_f, params_f = client.scatter(plan, broadcast=True), client.scatter(params, broadcast=True)
     sums = [_tree(client, add_sums, [share.sums[i] for share in picks if i in share.sums]) for i in range(len(items))]
     shells = [client.submit(query_shells, plan_f, s) for s in sums]
-    parts = [client.submit(code_part, plan_f, [share.pieces[p] for share in picks]) for p in range(plan.code_parts)]
-    M = [_tree(client, np.maximum, [client.submit(part_max_buckets, plan_f, part, start, stop, sh) for part in parts])
-         for (_, start, stop), sh in zip(items, shells, strict=True)]
-    sizes = [client.submit(_part_bucket_sizes, part) for part in parts]
-    del parts
-    wait(M)
+    found, sizes, bit_ones = [[] for _ in items], [], []
+    for parts in code_passes(plan):
+        counted = [count_task.submit(plan, group, parts).wrapped_future for group in count_shares(plan, threads)]
+        _raise_failures(client, counted)
+        if parts.start == 0:
+            bit_ones = [client.submit(_bit_ones, state) for state in counted]
+        for p in parts:
+            part = client.submit(code_part, plan_f, [client.submit(_piece, state, p) for state in counted])
+            for i, (_, start, stop) in enumerate(items):
+                found[i].append(client.submit(part_max_buckets, plan_f, part, start, stop, shells[i]))
+            sizes.append(client.submit(_part_bucket_sizes, part))
+        wait([f for fs in found for f in fs[-len(parts):]] + sizes[-len(parts):])  # this pass's parts are done
+    M = [_tree(client, np.maximum, fs) for fs in found]
     t1 = time.perf_counter()
     values = [client.submit(item_metrics, params_f, s, m) for s, m in zip(sums, M, strict=True)]
-    values, sizes, tallies = client.gather([values, sizes, [share.tallies for share in picks]])
-    result = assemble(plan, params, values, sizes, sum(bit_ones for bit_ones, _ in tallies),
-                      {key: sum(counts[key] for _, counts in tallies) for key in TALLIES})
+    values, sizes, bit_ones, tallies = client.gather([values, sizes, bit_ones, [share.tallies for share in picks]])
+    totals = {key: sum(t[key] for t in tallies) for key in TALLIES}
+    result = assemble(plan, params, values, sizes, sum(bit_ones), totals)
     result.timing = {"reduce_s": t1 - t0, "metrics_s": time.perf_counter() - t1}
     return result
 
@@ -207,21 +228,20 @@ def evaluate(
     cache_arg = False if cache_dir is None else str(cache_dir)
 
     threads = cluster_threads()
-    plan = replace(plan, code_parts=max(plan.code_parts, threads)) if code_parts is None else plan
-    shares = work_shares(plan, max(threads, math.ceil(plan.pairs / PAIRS_PER_TASK)))
-    futures = {histogram_task.submit(plan, blocks, counts, cache_arg).wrapped_future: blocks
-               for blocks, counts in shares}
+    plan = for_threads(plan, threads)
+    futures = {histogram_task.submit(plan, run, cache_arg).wrapped_future: run
+               for run in work_shares(plan, max(threads, math.ceil(plan.pairs / PAIRS_PER_TASK)))}
     items, picks, pairs_done = metric_items(plan), [], 0
     client = FlowRunContext.get().task_runner.client
     with client.as_current(), progress_bar(len(plan.histogram_blocks), progress) as bar:
         for state in as_completed(list(futures)):  # waits without fetching: the results stay on the workers
             blocks = futures.pop(state)
-            picks.append(pick_share(client, plan, items, blocks, state))  # its result is released once taken apart
+            picks.append(pick_share(client, items, blocks, state))  # its result is released once taken apart
             pairs_done += sum(block.pairs for block in blocks)
             bar.update(len(blocks))
             bar.set_postfix_str(f"{pairs_done / max(time.time() - t_start, 1e-9):.3g} pairs/s")
         t_compute = time.time()
-        result = reduce_on_cluster(client, plan, params, items, picks)
+        result = reduce_on_cluster(client, plan, params, items, picks, threads)
     started_at = started_at or t_start
     timing = {"startup_s": t_start - started_at, "compute_s": t_compute - t_start, **result.timing, "write_s": 0.0,
               "wall_s": time.time() - started_at}

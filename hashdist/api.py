@@ -20,7 +20,7 @@ from hashdist.distance import (
     check_weights,
     weighted_axis,
 )
-from hashdist.engine import Plan, RunResult, make_plan, run_local
+from hashdist.engine import Plan, RunResult, for_threads, make_plan, run_local
 from hashdist.errors import InputError
 from hashdist.kernels.hashtable import parse_hashtable_spec
 from hashdist.metrics.conventions import conventions_report
@@ -204,6 +204,7 @@ def evaluate_local(dataset, *, cache=None, threads: int | None = None, progress=
     t0 = time.time()
     ds, params, plan, parameters = prepare(dataset, **options)
     threads = threads or os.cpu_count() or 1
+    plan = for_threads(plan, threads)
     result = run_local(plan, params, resolve_cache(cache), threads=threads, progress=progress)
     timing = {"startup_s": 0.0, **result.timing, "write_s": 0.0, "wall_s": time.time() - t0}
     engine = {"kind": "local-threads", "threads": threads, "code_parts": plan.code_parts}

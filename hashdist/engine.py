@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -44,15 +44,6 @@ CODES_PER_PART = 2**22  # database items whose distinct codes one code part or o
 
 
 @dataclass(frozen=True)
-class CountBlock:
-    """Database rows [d0, d1) whose distinct codes are counted; ``key`` is its content key."""
-
-    d0: int
-    d1: int
-    key: str
-
-
-@dataclass(frozen=True)
 class Plan:
     """Everything a worker needs to compute any block, and the blocks themselves."""
 
@@ -65,10 +56,11 @@ class Plan:
     db_block_rows: int
     query_blocks: tuple[tuple[int, int], ...]
     histogram_blocks: tuple[Block, ...]
-    count_blocks: tuple[CountBlock, ...]
+    count_blocks: tuple[tuple[int, int], ...]  # database rows [d0, d1) whose distinct codes are counted together
     hashtables: tuple[tuple[int, int], ...] = ()  # (K bits, L tables) per hashtable-bucket setting
     distance: DistanceAxis | None = None  # the bins of a ranking distance other than plain Hamming
-    code_parts: int = 1  # parts the distinct database codes are split into by hash (results never depend on it)
+    code_parts: int | None = None  # parts the distinct database codes are split into by hash (None: by size)
+    parts_per_pass: int = 1  # code parts counted, merged and searched at once (see for_threads)
 
     @property
     def pairs(self) -> int:
@@ -112,13 +104,11 @@ def make_plan(
 ) -> Plan:
     """Blocks aligned to chunks, each keyed on the fingerprints of the rows it reads (and the distance's bins).
 
-    ``code_parts``: how many parts the distinct database codes are split into (default: enough that a part
-    holds the codes of at most CODES_PER_PART items); no result depends on it.
+    ``code_parts``: how many parts the distinct database codes are split into (default: see
+    :func:`for_threads`); no result depends on it.
     """
     relevance = check_relevance(ds, relevance)
-    if code_parts is None:
-        code_parts = -(-ds.n_database // CODES_PER_PART)
-    elif isinstance(code_parts, bool) or int(code_parts) != code_parts or code_parts < 1:
+    if code_parts is not None and (isinstance(code_parts, bool) or int(code_parts) != code_parts or code_parts < 1):
         raise InputError(f"--code-parts must be a positive integer, got {code_parts}")
     largest_grade = largest_possible_grade(ds, relevance)
     qrows = block_rows(query_block_rows, ds.chunk_rows("queries"), DEFAULT_QUERY_BLOCK_ROWS, "--query-block-rows")
@@ -146,12 +136,23 @@ def make_plan(
         for (q0, q1) in query_blocks
         for (d0, d1) in db_blocks
     )
-    counts = tuple(
-        CountBlock(d0, d1, combine_digests(("code_counts", KERNEL_VERSION, fp["database/codes"].rows_digest(d0, d1))))
-        for (d0, d1) in db_blocks
-    )
-    return Plan(ds.url, ds.nbits, relevance, largest_grade, max_radius, qrows, drows, tuple(query_blocks), hist, counts,
-                tuple(hashtables), distance, max(1, int(code_parts)))
+    return Plan(ds.url, ds.nbits, relevance, largest_grade, max_radius, qrows, drows, tuple(query_blocks), hist,
+                tuple(db_blocks), tuple(hashtables), distance, code_parts)
+
+
+def for_threads(plan: Plan, threads: int) -> Plan:
+    """The plan's code parts for ``threads`` worker threads: the parts the user chose, else enough that one
+    holds the codes of at most CODES_PER_PART items and at least one per thread; 2 per thread are counted,
+    merged and searched in one pass over the database codes, so memory does not grow with the database."""
+    n_items = sum(d1 - d0 for d0, d1 in plan.count_blocks)
+    parts = plan.code_parts or max(threads, -(-n_items // CODES_PER_PART))
+    return replace(plan, code_parts=parts, parts_per_pass=max(1, 2 * threads))
+
+
+def code_passes(plan: Plan) -> list[range]:
+    """The code parts of each pass (plan from :func:`for_threads`)."""
+    return [range(p, min(p + plan.parts_per_pass, plan.code_parts)) for p in range(0, plan.code_parts,
+                                                                                 plan.parts_per_pass)]
 
 
 # -- block computations (each opens the dataset itself, so it can run anywhere) --
@@ -196,15 +197,39 @@ def cached_histogram(plan: Plan, block: Block, cache: BlockCache) -> tuple[dict[
     return result, False
 
 
-def cached_code_counts(plan: Plan, block: CountBlock, cache: BlockCache) -> dict[str, np.ndarray]:
-    """Distinct codes with counts, and per-bit set counts, of one database block."""
-    hit = cache.get(block.key)
-    if hit is not None:
-        return hit
-    words = open_dataset(plan.url).codes("database", block.d0, block.d1)
-    codes, counts = code_counts(words)
-    result = {"codes": codes, "counts": counts, "bit_ones": bit_ones_block(words, plan.nbits)}
-    cache.put(block.key, result)
+@dataclass
+class CodePieces:
+    """Distinct codes with counts of some database rows for the code parts of one pass (pieces per part),
+    and with the first pass, how many of those rows have each bit set. Mergeable like Partials."""
+
+    pieces: dict[int, list[tuple[np.ndarray, np.ndarray]]] = field(default_factory=dict)
+    bit_ones: np.ndarray | int = 0
+
+    def merge(self, other: CodePieces) -> CodePieces:
+        for p, pieces in other.pieces.items():
+            self.pieces.setdefault(p, []).extend(pieces)
+        self.bit_ones = self.bit_ones + other.bit_ones
+        return self
+
+
+def count_codes(plan: Plan, blocks, parts: range, ds: Dataset | None = None) -> CodePieces:
+    """The distinct codes of these database blocks that fall in code parts ``parts``, one merged piece per part.
+
+    Rows are sorted into parts by hash first, so only a pass's share of each block is counted: the
+    passes together count every row once, each reading the codes again (cheap against the histograms).
+    """
+    ds = ds or open_dataset(plan.url)
+    result = CodePieces({p: [] for p in parts})
+    for d0, d1 in blocks:
+        words = ds.codes("database", d0, d1)
+        if parts.start == 0:
+            result.bit_ones = result.bit_ones + bit_ones_block(words, plan.nbits)
+        rows = code_parts(words, None, plan.code_parts)
+        mine = np.concatenate([rows[p][0] for p in parts])
+        codes, counts = code_counts(mine)
+        for p, piece in zip(parts, code_parts(codes, counts, plan.code_parts)[parts.start : parts.stop], strict=True):
+            result.pieces[p].append(piece)
+    result.pieces = {p: [merge_code_counts(pieces)] if pieces else [] for p, pieces in result.pieces.items()}
     return result
 
 
@@ -216,18 +241,14 @@ TALLIES = ("computed", "cached", "collapsed", "rows", "distinct_rows")
 
 @dataclass
 class Partials:
-    """The mergeable state of a run: block results summed per query block (exact integers), the database
-    blocks' code counts split into the plan's code parts, the per-bit set counts, and how many blocks were
-    computed or came from the cache.
+    """The mergeable state of a run's histogram blocks: their results summed per query block (exact integers)
+    and tallies (TALLIES: blocks computed, from the cache, collapsed to distinct rows; database rows and
+    their distinct rows, summed over blocks).
 
-    ``add_block`` and ``add_code_counts`` update it, ``merge`` combines two (in any order, any grouping:
-    the sums are exact), ``compact`` merges each part's pieces into one. The engines then build each code
-    part on its own (:func:`code_part`), so no process needs every distinct code.
+    ``add_block`` updates it and ``merge`` combines two (in any order, any grouping: the sums are exact).
     """
 
     sums: dict[int, dict[str, np.ndarray]] = field(default_factory=dict)
-    pieces: dict[int, list[tuple[np.ndarray, np.ndarray]]] = field(default_factory=dict)
-    bit_ones: np.ndarray | int = 0
     tallies: dict[str, int] = field(default_factory=lambda: dict.fromkeys(TALLIES, 0))
 
     def add_block(self, q0: int, result: dict[str, np.ndarray], was_cached: bool) -> None:
@@ -237,21 +258,9 @@ class Partials:
         for key, value in zip(TALLIES, (not was_cached, was_cached, collapsed, rows, distinct), strict=True):
             self.tallies[key] += int(value)
 
-    def add_code_counts(self, counts: dict[str, np.ndarray], parts: int) -> None:
-        for p, piece in enumerate(code_parts(counts["codes"], counts["counts"], parts)):
-            self.pieces.setdefault(p, []).append(piece)
-        self.bit_ones = self.bit_ones + counts["bit_ones"]
-
-    def compact(self) -> Partials:
-        self.pieces = {p: [merge_code_counts(pieces)] for p, pieces in self.pieces.items()}
-        return self
-
     def merge(self, other: Partials) -> Partials:
         for q0, part in other.sums.items():
             self._add_sums(q0, part)
-        for p, pieces in other.pieces.items():
-            self.pieces.setdefault(p, []).extend(pieces)
-        self.bit_ones = self.bit_ones + other.bit_ones
         self.tallies = {key: self.tallies[key] + other.tallies[key] for key in TALLIES}
         return self
 
@@ -265,8 +274,8 @@ def add_sums(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str, np
     return {key: a[key] + b[key] for key in a}
 
 
-def run_blocks(plan: Plan, blocks, count_blocks, cache: BlockCache, progress=None) -> Partials:
-    """One worker's share: these histogram blocks and code-count blocks, from the cache or computed.
+def run_blocks(plan: Plan, blocks, cache: BlockCache, progress=None) -> Partials:
+    """One worker's share: these histogram blocks, from the cache or computed.
 
     ``progress(block, cached)`` is called after each histogram block.
     """
@@ -276,17 +285,17 @@ def run_blocks(plan: Plan, blocks, count_blocks, cache: BlockCache, progress=Non
         partials.add_block(block.q0, result, was_cached)
         if progress:
             progress(block, was_cached)
-    for block in count_blocks:
-        partials.add_code_counts(cached_code_counts(plan, block, cache), plan.code_parts)
-    return partials.compact()
+    return partials
 
 
-def work_shares(plan: Plan, parts: int) -> list[tuple[tuple[Block, ...], tuple[CountBlock, ...]]]:
-    """The plan cut into at least ``parts`` shares of about equal pairs (more when the database's codes
-    would not fit one share, CODES_PER_PART each), the code-count blocks dealt round."""
-    parts = max(parts, -(-sum(b.d1 - b.d0 for b in plan.count_blocks) // CODES_PER_PART))
-    runs = split_by_pairs(plan.histogram_blocks, parts)
-    return [(run, plan.count_blocks[i :: len(runs)]) for i, run in enumerate(runs)]
+def work_shares(plan: Plan, parts: int) -> list[tuple[Block, ...]]:
+    """The histogram blocks cut into at most ``parts`` runs of consecutive blocks with about equal pairs."""
+    return split_by_pairs(plan.histogram_blocks, parts)
+
+
+def count_shares(plan: Plan, parts: int) -> list[tuple[tuple[int, int], ...]]:
+    """The database blocks dealt round into at most ``parts`` groups, for code counting."""
+    return [group for group in (plan.count_blocks[i::parts] for i in range(parts)) if group]
 
 
 # -- after the blocks: code parts, M_k and per-query metrics per metric item ------
@@ -384,26 +393,30 @@ def assemble(plan: Plan, params: MetricParams, item_values, part_sizes, bit_ones
 
 
 def finish(plan: Plan, params: MetricParams, partials: Partials, map_items) -> RunResult:
-    """The complete state to a RunResult in this process, one code part in memory at a time.
+    """The histogram blocks' state to a RunResult in this process, one pass of code parts at a time.
 
-    ``map_items(function, items)`` applies ``function`` to every item, in order (a thread pool, or a plain
-    map). Records reduce_s (code parts and M_k) and metrics_s.
+    ``plan`` comes from :func:`for_threads`. ``map_items(function, items)`` applies ``function`` to every item,
+    in order (a thread pool, or a plain map). Records reduce_s (code counts, parts and M_k) and metrics_s.
     """
     t0 = time.perf_counter()
     items = metric_items(plan)
     sums = [item_sums(partials.sums[q0], q0, start, stop) for q0, start, stop in items]
     shells = [query_shells(plan, s) for s in sums]
     ds = open_dataset(plan.url)
-    M, part_sizes = [None] * len(items), []
-    for p in range(plan.code_parts):
-        part = code_part(plan, partials.pieces.pop(p, []))
-        found = map_items(lambda i, part=part: part_max_buckets(plan, part, *items[i][1:], shells[i], ds),
-                          range(len(items)))
-        M = [m if old is None else np.maximum(old, m) for old, m in zip(M, found, strict=True)]
-        part_sizes.append(bucket_sizes(part.counts))
+    M, part_sizes, bit_ones = [None] * len(items), [], 0
+    for parts in code_passes(plan):
+        counted = functools.reduce(CodePieces.merge, map_items(
+            lambda block, parts=parts: count_codes(plan, [block], parts, ds), plan.count_blocks), CodePieces())
+        bit_ones = bit_ones + counted.bit_ones
+        for p in parts:
+            part = code_part(plan, counted.pieces.pop(p, []))
+            found = map_items(lambda i, part=part: part_max_buckets(plan, part, *items[i][1:], shells[i], ds),
+                              range(len(items)))
+            M = [m if old is None else np.maximum(old, m) for old, m in zip(M, found, strict=True)]
+            part_sizes.append(bucket_sizes(part.counts))
     t1 = time.perf_counter()
     values = map_items(lambda i: item_metrics(params, sums[i], M[i]), range(len(items)))
-    result = assemble(plan, params, values, part_sizes, partials.bit_ones, partials.tallies)
+    result = assemble(plan, params, values, part_sizes, bit_ones, partials.tallies)
     result.timing = {"reduce_s": t1 - t0, "metrics_s": time.perf_counter() - t1}
     return result
 
@@ -414,10 +427,11 @@ def run_local(plan: Plan, params: MetricParams, cache: BlockCache, *, threads: i
     ``progress(block, cached)`` is called after each histogram block.
     """
     t0 = time.perf_counter()
+    plan = for_threads(plan, threads)
     with ThreadPoolExecutor(threads) as pool:
-        shares = work_shares(plan, threads)
         partials = functools.reduce(
-            Partials.merge, pool.map(lambda share: run_blocks(plan, *share, cache, progress), shares), Partials())
+            Partials.merge, pool.map(lambda run: run_blocks(plan, run, cache, progress), work_shares(plan, threads)),
+            Partials())
         t1 = time.perf_counter()
         result = finish(plan, params, partials, lambda function, items: list(pool.map(function, items)))
     result.timing = {"compute_s": t1 - t0, **result.timing}

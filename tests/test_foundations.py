@@ -11,7 +11,7 @@ import pytest
 from hashdist.api import evaluate_local, prepare
 from hashdist.bits import ball_volumes
 from hashdist.cache import BlockCache
-from hashdist.engine import Partials, finish, run_blocks, run_local, work_shares
+from hashdist.engine import Partials, code_passes, finish, for_threads, run_blocks, run_local, work_shares
 from hashdist.metrics.ranking import cutoff_grid
 from hashdist.metrics.registry import MEASURES, lookup, per_query_key
 
@@ -63,19 +63,17 @@ def test_every_registered_measure_is_in_the_report_and_per_query(multilabel_data
                         assert ev.per_query[per_query_key(measure, value, variant, policy)].shape == (70,)
 
 
-def _partials_in_shares(plan, shares, cache):
-    return [run_blocks(plan, blocks, counts, cache) for blocks, counts in shares]
-
-
-@pytest.mark.parametrize(("parts", "code_parts"), [(1, 1), (3, 2), (7, 5)])
-def test_partials_merge_in_any_order_gives_identical_results(class_dataset, parts, code_parts):
+@pytest.mark.parametrize(("parts", "code_parts", "threads"), [(1, 1, 1), (3, 2, 1), (7, 5, 1), (4, 9, 2)])
+def test_partials_merge_in_any_order_gives_identical_results(class_dataset, parts, code_parts, threads):
     """The one reduction: any share of the blocks, merged in any order, with the distinct codes in any
-    number of parts, finishes to the same bits."""
+    number of parts and passes, finishes to the same bits."""
     _, params, plan, _ = prepare(class_dataset, query_block_rows=16, db_block_rows=500)
     cache = BlockCache(None)
     reference = run_local(plan, params, cache, threads=1)
     _, _, plan, _ = prepare(class_dataset, query_block_rows=16, db_block_rows=500, code_parts=code_parts)
-    pieces = _partials_in_shares(plan, work_shares(plan, parts), cache)
+    plan = for_threads(plan, threads)
+    assert len(code_passes(plan)) == -(-code_parts // (2 * threads))
+    pieces = [run_blocks(plan, run, cache) for run in work_shares(plan, parts)]
     rng = np.random.default_rng(parts)
     merged = functools.reduce(Partials.merge, [pieces[i] for i in rng.permutation(len(pieces))], Partials())
     result = finish(plan, params, merged, lambda function, items: [function(item) for item in items])

@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 
 from hashdist.api import evaluate_local
-from hashdist.engine import CODES_PER_PART, work_shares
 
 pytestmark = pytest.mark.usefixtures("prefect_api")
 
@@ -43,18 +42,26 @@ def test_multilabel_on_the_embedded_cluster_with_many_parts(multilabel_dataset):
     _same(evaluate_local(multilabel_dataset, cache=False, code_parts=4, threads=3, db_block_rows=500), local)
 
 
-def test_a_large_database_is_shared_so_no_share_holds_more_codes_than_a_part(class_dataset):
-    from dataclasses import replace
-
+def test_code_counts_in_passes_count_every_row_once(class_dataset):
+    """Each pass counts only its parts' rows; together the passes hold every distinct code once."""
     from hashdist.api import prepare
+    from hashdist.dataset import open_dataset
+    from hashdist.engine import code_passes, count_codes, for_threads
 
-    _, _, plan, _ = prepare(class_dataset, db_block_rows=500)
-    # pretend each database row stands for CODES_PER_PART / 1000 items: 3000 rows are 3 parts' worth
-    scaled = replace(plan, count_blocks=tuple(replace(b, d1=b.d0 + (b.d1 - b.d0) * CODES_PER_PART // 1000)
-                                              for b in plan.count_blocks))
-    shares = work_shares(scaled, 1)
-    assert len(shares) >= 3
-    assert sum(len(counts) for _, counts in shares) == len(plan.count_blocks)
+    _, _, plan, _ = prepare(class_dataset, db_block_rows=500, code_parts=7)
+    plan = for_threads(plan, 1)
+    codes = open_dataset(class_dataset).codes("database", 0, 3000)[:, 0]
+    want_codes, want_counts = np.unique(codes, return_counts=True)
+    got = {}
+    for parts in code_passes(plan):
+        counted = count_codes(plan, plan.count_blocks, parts)
+        assert set(counted.pieces) == set(parts)
+        assert isinstance(counted.bit_ones, np.ndarray) == (parts.start == 0)
+        for piece_codes, piece_counts in (pieces[0] for pieces in counted.pieces.values() if pieces):
+            for code, count in zip(piece_codes[:, 0].tolist(), piece_counts.tolist(), strict=True):
+                assert code not in got
+                got[code] = count
+    assert got == dict(zip(want_codes.tolist(), want_counts.tolist(), strict=True))
 
 
 def test_collapsed_blocks_give_the_same_bits_and_report_their_distinct_fraction(tmp_path):

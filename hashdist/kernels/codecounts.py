@@ -32,12 +32,14 @@ def code_counts(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.ascontiguousarray(unique), counts.astype(np.int64)
 
 
-def code_parts(codes: np.ndarray, counts: np.ndarray, parts: int) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Code counts split into ``parts`` pieces by a hash of the code (a code's part never depends on the chunk)."""
+def code_parts(codes: np.ndarray, counts: np.ndarray | None, parts: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Code rows (with their counts, if any) split into ``parts`` pieces by a hash of the code: a code's part
+    never depends on the chunk it came from."""
     codes = np.ascontiguousarray(codes, dtype=np.uint64)
     order, bounds = np.empty(codes.shape[0], dtype=np.int64), np.zeros(parts + 1, dtype=np.int64)
     _order_by_part(codes, parts, order, bounds)
-    return [(codes[order[a:b]], counts[order[a:b]]) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+    return [(codes[order[a:b]], None if counts is None else counts[order[a:b]])
+            for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
 
 
 def merge_code_counts(parts) -> tuple[np.ndarray, np.ndarray]:

@@ -158,11 +158,13 @@ def code_passes(plan: Plan) -> list[range]:
 # -- block computations (each opens the dataset itself, so it can run anywhere) --
 
 
-def compute_histogram(plan: Plan, block: Block, ds: Dataset | None = None) -> dict[str, np.ndarray]:
+def compute_histogram(plan: Plan, block: Block, ds: Dataset | None = None, decisions: dict | None = None
+                      ) -> dict[str, np.ndarray]:
     """The block's partial results: ``H`` and, per hashtable setting, per-query TP and retrieved counts;
     with a distance other than plain Hamming, ``H`` is over its bins and ``H_hamming`` the plain Hamming one.
     ``collapse`` is (database rows, their distinct (code, label) rows, 1 if the Hamming histogram was counted
-    over the distinct rows with their multiplicities): hashdist.kernels.collapse decides, the result is the same."""
+    over the distinct rows with their multiplicities): hashdist.kernels.collapse decides, the result is the same.
+    ``decisions`` keeps that decision per database block for the next query block (see run_blocks)."""
     ds = ds or open_dataset(plan.url)
     qc = ds.codes("queries", block.q0, block.q1)
     dc = ds.codes("database", block.d0, block.d1)
@@ -172,7 +174,7 @@ def compute_histogram(plan: Plan, block: Block, ds: Dataset | None = None) -> di
         qrel = ds.labels("queries", block.q0, block.q1)
         drel = ds.labels("database", block.d0, block.d1)
     H, collapse = auto_histogram_block(qc, dc, plan.nbits, plan.relevance, qrel, drel, db_start=block.d0,
-                                       max_grade=plan.largest_grade)
+                                       max_grade=plan.largest_grade, decisions=decisions)
     result = {"H": H, "collapse": np.array([collapse.n_items, collapse.n_distinct, collapse.collapsed], np.int64)}
     if plan.distance is not None:
         scores = ds.read("queries/scores", block.q0, block.q1) if plan.distance.kind == "asymmetric" else None
@@ -187,12 +189,13 @@ def compute_histogram(plan: Plan, block: Block, ds: Dataset | None = None) -> di
     return result
 
 
-def cached_histogram(plan: Plan, block: Block, cache: BlockCache) -> tuple[dict[str, np.ndarray], bool]:
+def cached_histogram(plan: Plan, block: Block, cache: BlockCache, ds: Dataset | None = None,
+                     decisions: dict | None = None) -> tuple[dict[str, np.ndarray], bool]:
     """(the block's partial results, True if they came from the cache)."""
     hit = cache.get(block.key)
     if hit is not None and "H" in hit and hit["H"].shape[0] == block.q1 - block.q0:
         return hit, True
-    result = compute_histogram(plan, block)
+    result = compute_histogram(plan, block, ds, decisions)
     cache.put(block.key, result)
     return result, False
 
@@ -279,9 +282,10 @@ def run_blocks(plan: Plan, blocks, cache: BlockCache, progress=None) -> Partials
 
     ``progress(block, cached)`` is called after each histogram block.
     """
-    partials = Partials()
+    partials, ds, decisions = Partials(), None, {}  # one collapse decision per database block and query count
     for block in blocks:
-        result, was_cached = cached_histogram(plan, block, cache)
+        ds = ds or open_dataset(plan.url)
+        result, was_cached = cached_histogram(plan, block, cache, ds, decisions)
         partials.add_block(block.q0, result, was_cached)
         if progress:
             progress(block, was_cached)

@@ -145,9 +145,9 @@ def _add_synth(sub):
         "synth",
         help="write a synthetic or digits-derived dataset",
         description="Synthetic class-structured codes (single- or multi-label, with a collision knob), presets "
-        "(demo, flickr1m, nuswide, cifar), or scikit-learn's digits hashed with LSH, PCA-hashing or ITQ.",
+        "(demo, flickr1m, nuswide, cifar, collisions), or scikit-learn's digits hashed with LSH, PCA-hashing or ITQ.",
     )
-    p.add_argument("--preset", help="demo | flickr1m | nuswide | cifar")
+    p.add_argument("--preset", help="demo | flickr1m | nuswide | cifar | collisions")
     p.add_argument("--digits", choices=["lsh", "pcah", "itq"], help="hash scikit-learn's digits with this method")
     p.add_argument("--features", choices=["lsh", "itq"],
                    help="Gaussian-mixture features (no labels) hashed with this method, for hashdist groundtruth")
@@ -162,6 +162,10 @@ def _add_synth(sub):
     p.add_argument("--labels-per-item", type=float)
     p.add_argument("--noise", type=float, help="per-bit flip probability around the class centres")
     p.add_argument("--collision", type=float, help="fraction of items set exactly to their centre code")
+    p.add_argument("--prototypes", type=int,
+                   help="codes per class (centre plus noise) that every item copies: most items then share a few "
+                   "codes, as with supervised models (the collisions preset: 200)")
+    p.add_argument("--stray", type=float, help="with --prototypes: fraction of items with one random bit flipped")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--chunk-rows", type=int)
     p.add_argument("--overwrite", action="store_true")
@@ -207,7 +211,7 @@ def _run_synth(a):
         raise InputError(f"--preset {a.preset}: unknown preset (choose from {', '.join(synth.PRESETS)})")
     kwargs = dict(synth.PRESETS.get(a.preset, {}))
     for name in ("n_database", "n_queries", "nbits", "labels", "n_classes", "n_concepts", "labels_per_item",
-                 "noise", "collision", "chunk_rows"):
+                 "noise", "collision", "prototypes", "stray", "chunk_rows"):
         if getattr(a, name) is not None:
             kwargs[name] = getattr(a, name)
     for name in ("n_database", "n_queries"):

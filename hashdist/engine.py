@@ -142,11 +142,11 @@ def make_plan(
 
 def for_threads(plan: Plan, threads: int) -> Plan:
     """The plan's code parts for ``threads`` worker threads: the parts the user chose, else enough that one
-    holds the codes of at most CODES_PER_PART items and at least one per thread; 2 per thread are counted,
+    holds the codes of at most CODES_PER_PART items and at least one per thread; one per thread is counted,
     merged and searched in one pass over the database codes, so memory does not grow with the database."""
     n_items = sum(d1 - d0 for d0, d1 in plan.count_blocks)
     parts = plan.code_parts or max(threads, -(-n_items // CODES_PER_PART))
-    return replace(plan, code_parts=parts, parts_per_pass=max(1, 2 * threads))
+    return replace(plan, code_parts=parts, parts_per_pass=max(1, threads))
 
 
 def code_passes(plan: Plan) -> list[range]:

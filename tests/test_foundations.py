@@ -72,7 +72,7 @@ def test_partials_merge_in_any_order_gives_identical_results(class_dataset, part
     reference = run_local(plan, params, cache, threads=1)
     _, _, plan, _ = prepare(class_dataset, query_block_rows=16, db_block_rows=500, code_parts=code_parts)
     plan = for_threads(plan, threads)
-    assert len(code_passes(plan)) == -(-code_parts // (2 * threads))
+    assert len(code_passes(plan)) == -(-code_parts // threads)
     pieces = [run_blocks(plan, run, cache) for run in work_shares(plan, parts)]
     rng = np.random.default_rng(parts)
     merged = functools.reduce(Partials.merge, [pieces[i] for i in rng.permutation(len(pieces))], Partials())

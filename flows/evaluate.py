@@ -154,6 +154,7 @@ class SharePicks:
 
 
 def pick_share(client, items, blocks, state) -> SharePicks:
+    """A finished histogram task's result taken apart (its error raised here if it failed)."""
     _raise_failures(client, [state])
     touched = {block.q0 for block in blocks}
     return SharePicks(sums={i: client.submit(_share_sums, state, q0, start, stop)

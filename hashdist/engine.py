@@ -35,7 +35,7 @@ from hashdist.kernels.codecounts import (
     max_bucket_within,
     merge_code_counts,
 )
-from hashdist.kernels.collapse import auto_histogram_block
+from hashdist.kernels.collapse import auto_histogram_block, collapsed_histogram_block, should_collapse
 from hashdist.kernels.hashtable import hashtable_counts
 from hashdist.metrics.summary import MetricParams, aggregate, concat_per_query, per_query_metrics
 
@@ -158,23 +158,36 @@ def code_passes(plan: Plan) -> list[range]:
 # -- block computations (each opens the dataset itself, so it can run anywhere) --
 
 
-def compute_histogram(plan: Plan, block: Block, ds: Dataset | None = None, decisions: dict | None = None
+def compute_histogram(plan: Plan, block: Block, ds: Dataset | None = None, memo: dict | None = None
                       ) -> dict[str, np.ndarray]:
     """The block's partial results: ``H`` and, per hashtable setting, per-query TP and retrieved counts;
     with a distance other than plain Hamming, ``H`` is over its bins and ``H_hamming`` the plain Hamming one.
     ``collapse`` is (database rows, their distinct (code, label) rows, 1 if the Hamming histogram was counted
     over the distinct rows with their multiplicities): hashdist.kernels.collapse decides, the result is the same.
-    ``decisions`` keeps that decision per database block for the next query block (see run_blocks)."""
+
+    ``memo``, kept by a share across its blocks (see run_blocks), holds the last query block's rows and each
+    database block's collapse decision with its distinct rows: a collapsed database block is read only once.
+    """
     ds = ds or open_dataset(plan.url)
-    qc = ds.codes("queries", block.q0, block.q1)
+    memo = {} if memo is None else memo
+    if memo.get("queries", (None,))[0] != (block.q0, block.q1):
+        qrel = (ds.relevant(block.q0, block.q1) if plan.relevance == "explicit"
+                else ds.labels("queries", block.q0, block.q1))
+        memo["queries"] = (block.q0, block.q1), ds.codes("queries", block.q0, block.q1), qrel
+    _, qc, qrel = memo["queries"]
+    key = (block.d0, block.d1, block.q1 - block.q0)
+    decision = memo.get(key)
+    if decision is not None and decision[0] is not None and plan.distance is None and not plan.hashtables:
+        db, collapse = decision  # nothing else needs the database rows
+        H = collapsed_histogram_block(qc, None, plan.nbits, plan.relevance, qrel, None,
+                                      max_grade=plan.largest_grade, db=db)
+        return {"H": H, "collapse": np.array([collapse.n_items, collapse.n_distinct, collapse.collapsed], np.int64)}
     dc = ds.codes("database", block.d0, block.d1)
-    if plan.relevance == "explicit":
-        qrel, drel = ds.relevant(block.q0, block.q1), None
-    else:
-        qrel = ds.labels("queries", block.q0, block.q1)
-        drel = ds.labels("database", block.d0, block.d1)
+    drel = None if plan.relevance == "explicit" else ds.labels("database", block.d0, block.d1)
+    if decision is None:
+        decision = memo[key] = should_collapse(block.q1 - block.q0, dc, drel, plan.relevance)
     H, collapse = auto_histogram_block(qc, dc, plan.nbits, plan.relevance, qrel, drel, db_start=block.d0,
-                                       max_grade=plan.largest_grade, decisions=decisions)
+                                       max_grade=plan.largest_grade, decision=decision)
     result = {"H": H, "collapse": np.array([collapse.n_items, collapse.n_distinct, collapse.collapsed], np.int64)}
     if plan.distance is not None:
         scores = ds.read("queries/scores", block.q0, block.q1) if plan.distance.kind == "asymmetric" else None
@@ -190,12 +203,12 @@ def compute_histogram(plan: Plan, block: Block, ds: Dataset | None = None, decis
 
 
 def cached_histogram(plan: Plan, block: Block, cache: BlockCache, ds: Dataset | None = None,
-                     decisions: dict | None = None) -> tuple[dict[str, np.ndarray], bool]:
+                     memo: dict | None = None) -> tuple[dict[str, np.ndarray], bool]:
     """(the block's partial results, True if they came from the cache)."""
     hit = cache.get(block.key)
     if hit is not None and "H" in hit and hit["H"].shape[0] == block.q1 - block.q0:
         return hit, True
-    result = compute_histogram(plan, block, ds, decisions)
+    result = compute_histogram(plan, block, ds, memo)
     cache.put(block.key, result)
     return result, False
 
@@ -282,10 +295,10 @@ def run_blocks(plan: Plan, blocks, cache: BlockCache, progress=None) -> Partials
 
     ``progress(block, cached)`` is called after each histogram block.
     """
-    partials, ds, decisions = Partials(), None, {}  # one collapse decision per database block and query count
+    partials, ds, memo = Partials(), None, {}  # see compute_histogram
     for block in blocks:
         ds = ds or open_dataset(plan.url)
-        result, was_cached = cached_histogram(plan, block, cache, ds, decisions)
+        result, was_cached = cached_histogram(plan, block, cache, ds, memo)
         partials.add_block(block.q0, result, was_cached)
         if progress:
             progress(block, was_cached)

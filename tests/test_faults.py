@@ -37,13 +37,13 @@ def test_transient_task_failure_is_retried(class_dataset, monkeypatch):
     calls = {"n": 0}
     lock = threading.Lock()
 
-    def flaky(plan, block, ds=None, decisions=None):
+    def flaky(plan, block, ds=None, memo=None):
         with lock:
             calls["n"] += 1
             first = calls["n"] == 1
         if first:
             raise ConnectionError("injected transient fault")
-        return real(plan, block, ds, decisions)
+        return real(plan, block, ds, memo)
 
     monkeypatch.setattr(engine, "compute_histogram", flaky)
     result = run_evaluation(class_dataset, cache=False, query_block_rows=16, db_block_rows=1000)

@@ -392,21 +392,14 @@ def should_collapse(n_queries: int, db_codes, db_rel, kind: str) -> tuple[Distin
 
 
 def auto_histogram_block(query_codes, db_codes, nbits: int, kind: str, query_rel=None, db_rel=None, *,
-                         db_start: int = 0, max_grade: int = 1, decisions: dict | None = None
-                         ) -> tuple[np.ndarray, CollapseInfo]:
+                         db_start: int = 0, max_grade: int = 1, decision=None) -> tuple[np.ndarray, CollapseInfo]:
     """``histogram_block`` with the same arguments, collapsed to distinct rows when that pays: (H, info).
 
     H is identical to ``histogram_block``'s; info says whether the block was collapsed and its
-    distinct count (see :class:`CollapseInfo`). ``decisions``, a dict kept across the query blocks of one
-    database block, keeps :func:`should_collapse`'s answer (and the distinct rows) for reuse.
+    distinct count (see :class:`CollapseInfo`). ``decision``: :func:`should_collapse`'s answer for this
+    database block and query count, when the caller kept it from an earlier query block.
     """
-    key = (db_start, int(np.shape(db_codes)[0]), int(np.shape(query_codes)[0]))
-    if decisions is not None and key in decisions:
-        db, info = decisions[key]
-    else:
-        db, info = should_collapse(int(np.shape(query_codes)[0]), db_codes, db_rel, kind)
-        if decisions is not None:
-            decisions[key] = db, info
+    db, info = decision or should_collapse(int(np.shape(query_codes)[0]), db_codes, db_rel, kind)
     if db is None:
         return histogram_block(query_codes, db_codes, nbits, kind, query_rel, db_rel, db_start=db_start,
                                max_grade=max_grade), info

@@ -212,6 +212,17 @@ def synth(preset: str, data: Path, timeout: float) -> float:
                  {**os.environ, "PREFECT_LOGGING_LEVEL": "WARNING"}, timeout)
 
 
+def alternate(flow_cmd, local_cmd, out: Path, env: dict, timeout: float, repeats: int, label: str):
+    """(flow walls, local walls, the last flow run's report timing): the two commands in turn, ``repeats`` times."""
+    flow, local, timing = [], [], None
+    for i in range(repeats):
+        flow.append(timed(flow_cmd, env, timeout))
+        timing = json.loads((out / "report.json").read_text())["timing"]
+        local.append(timed(local_cmd, env, timeout))
+        log(f"{label} {i + 1}/{repeats}: flow {flow[-1]:.2f} s, local {local[-1]:.2f} s")
+    return flow, local, timing
+
+
 def fixed_overhead(work: Path, demo: Path, env: dict, repeats: int = 3) -> dict:
     """Flow (default engine) and local engine on the demo, new processes, warm caches, alternating."""
     out = work / "report-demo"
@@ -220,12 +231,7 @@ def fixed_overhead(work: Path, demo: Path, env: dict, repeats: int = 3) -> dict:
     log("overhead: warm-up (local run fills the numba cache, flow run the Prefect template and imports) ...")
     timed(local_cmd, env, TIMEOUT_DEMO)
     timed(flow_cmd, env, TIMEOUT_DEMO)
-    flow, local, timing = [], [], None
-    for i in range(repeats):
-        flow.append(timed(flow_cmd, env, TIMEOUT_DEMO))
-        timing = json.loads((out / "report.json").read_text())["timing"]
-        local.append(timed(local_cmd, env, TIMEOUT_DEMO))
-        log(f"overhead {i + 1}/{repeats}: flow {flow[-1]:.2f} s, local {local[-1]:.2f} s")
+    flow, local, timing = alternate(flow_cmd, local_cmd, out, env, TIMEOUT_DEMO, repeats, "overhead")
     return {"flow_s": flow, "local_s": local, "flow_median_s": statistics.median(flow),
             "local_median_s": statistics.median(local),
             "difference_s": statistics.median(flow) - statistics.median(local), "last_flow_timing": timing}
@@ -310,12 +316,7 @@ def flickr_end_to_end(work: Path, data: Path, env: dict, helpers, repeats: int =
     local_cmd = flow_cmd + ["--engine", "local"]
     log("flickr1m end to end: warm-up (local) ...")
     timed(local_cmd, env, TIMEOUT_FLICKR)
-    flow, local, timing = [], [], None
-    for i in range(repeats):
-        flow.append(timed(flow_cmd, env, TIMEOUT_FLICKR))
-        timing = json.loads((out / "report.json").read_text())["timing"]
-        local.append(timed(local_cmd, env, TIMEOUT_FLICKR))
-        log(f"flickr1m {i + 1}/{repeats}: flow {flow[-1]:.2f} s, local {local[-1]:.2f} s")
+    flow, local, timing = alternate(flow_cmd, local_cmd, out, env, TIMEOUT_FLICKR, repeats, "flickr1m")
 
     import hashdist
     from hashdist.engine import largest_possible_grade

@@ -47,6 +47,10 @@ def dataset(workdir: Path, n: int, queries: int) -> Path:
     return path
 
 
+def _rss(processes) -> list[float]:
+    return [p.memory_info().rss / GIB for p in processes]
+
+
 def watch(procs: dict[str, subprocess.Popen], main: subprocess.Popen) -> dict[str, float]:
     """Peak RSS (GiB) of the largest process in each named process's tree (a `dask worker` is a nanny and
     its worker process), the main process's children (its API server) under "flow children", until
@@ -57,12 +61,10 @@ def watch(procs: dict[str, subprocess.Popen], main: subprocess.Popen) -> dict[st
         for name, handle in handles.items():
             try:
                 children = handle.children(recursive=True)
-                members = [handle, *children]
-                if name == "flow":
-                    members, kids = [handle], children
-                    peaks["flow children"] = max([peaks.get("flow children", 0.0),
-                                                  *(k.memory_info().rss / GIB for k in kids)])
-                peaks[name] = max([peaks.get(name, 0.0), *(m.memory_info().rss / GIB for m in members)])
+                if name == "flow":  # the flow's own process; its children (the API server) apart
+                    peaks["flow children"] = max([peaks.get("flow children", 0.0), *_rss(children)])
+                    children = []
+                peaks[name] = max([peaks.get(name, 0.0), *_rss([handle, *children])])
             except psutil.NoSuchProcess:
                 pass
         time.sleep(0.1)

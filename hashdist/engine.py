@@ -35,7 +35,7 @@ from hashdist.kernels.codecounts import (
     max_bucket_within,
     merge_code_counts,
 )
-from hashdist.kernels.collapse import auto_histogram_block, collapsed_histogram_block, should_collapse
+from hashdist.kernels.collapse import auto_histogram_block, should_collapse
 from hashdist.kernels.hashtable import hashtable_counts
 from hashdist.metrics.summary import MetricParams, aggregate, concat_per_query, per_query_metrics
 
@@ -177,13 +177,10 @@ def compute_histogram(plan: Plan, block: Block, ds: Dataset | None = None, memo:
     _, qc, qrel = memo["queries"]
     key = (block.d0, block.d1, block.q1 - block.q0)
     decision = memo.get(key)
-    if decision is not None and decision[0] is not None and plan.distance is None and not plan.hashtables:
-        db, collapse = decision  # nothing else needs the database rows
-        H = collapsed_histogram_block(qc, None, plan.nbits, plan.relevance, qrel, None,
-                                      max_grade=plan.largest_grade, db=db)
-        return {"H": H, "collapse": np.array([collapse.n_items, collapse.n_distinct, collapse.collapsed], np.int64)}
-    dc = ds.codes("database", block.d0, block.d1)
-    drel = None if plan.relevance == "explicit" else ds.labels("database", block.d0, block.d1)
+    dc = drel = None  # a collapsed database block's distinct rows are all the histogram needs
+    if decision is None or decision[0] is None or plan.distance is not None or plan.hashtables:
+        dc = ds.codes("database", block.d0, block.d1)
+        drel = None if plan.relevance == "explicit" else ds.labels("database", block.d0, block.d1)
     if decision is None:
         decision = memo[key] = should_collapse(block.q1 - block.q0, dc, drel, plan.relevance)
     H, collapse = auto_histogram_block(qc, dc, plan.nbits, plan.relevance, qrel, drel, db_start=block.d0,

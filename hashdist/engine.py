@@ -40,7 +40,7 @@ from hashdist.kernels.hashtable import hashtable_counts
 from hashdist.metrics.summary import MetricParams, aggregate, concat_per_query, per_query_metrics
 
 METRIC_ROWS = 1024  # queries per metrics work item: threads share the work evenly, calls stay vectorised
-CODES_PER_PART = 2**22  # database items whose distinct codes one code part or one share may hold (64 MiB at B = 64)
+CODES_PER_PART = 2**22  # database items whose distinct codes one code part may hold (64 MiB at B = 64)
 
 
 @dataclass(frozen=True)

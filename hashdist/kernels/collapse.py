@@ -320,8 +320,15 @@ def collapsed_histogram_block(query_codes, db_codes, nbits: int, kind: str, quer
         raise ValueError(f"relevance {kind!r} cannot be collapsed (only {', '.join(COLLAPSIBLE_KINDS)})")
     if db is None:
         db = distinct_rows(db_codes, db_rel)
+    return _over_distinct_rows(query_codes, query_rel, db, nbits, kind, max_grade)[0]
+
+
+def _over_distinct_rows(query_codes, query_rel, db: DistinctRows, nbits: int, kind: str, max_grade: int):
+    """(the histograms of every query against collapsed database rows ``db``, the queries' distinct rows):
+    each distinct query's histogram is computed once and scattered back to the queries that share it."""
     queries = distinct_rows(query_codes, query_rel)
-    return weighted_histogram(queries.codes, queries.labels, db, nbits, kind, max_grade)[queries.inverse]
+    H = weighted_histogram(queries.codes, queries.labels, db, nbits, kind, max_grade)[queries.inverse]
+    return H, int(queries.counts.shape[0])
 
 
 # -- the decision ----------------------------------------------------------------------
@@ -403,6 +410,5 @@ def auto_histogram_block(query_codes, db_codes, nbits: int, kind: str, query_rel
     if db is None:
         return histogram_block(query_codes, db_codes, nbits, kind, query_rel, db_rel, db_start=db_start,
                                max_grade=max_grade), info
-    queries = distinct_rows(query_codes, query_rel)
-    H = weighted_histogram(queries.codes, queries.labels, db, nbits, kind, max_grade)[queries.inverse]
-    return H, info._replace(n_distinct_queries=int(queries.counts.shape[0]))
+    H, n_distinct_queries = _over_distinct_rows(query_codes, query_rel, db, nbits, kind, max_grade)
+    return H, info._replace(n_distinct_queries=n_distinct_queries)

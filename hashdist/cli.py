@@ -607,10 +607,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv=None) -> int:
+def main(argv=None, server=None) -> int:
+    """The command line; ``server``: a temporary Prefect API server already started for a flow run
+    (``flows.apiserver.launch``), stopped here if the command does not run a flow."""
     try:
         args = build_parser().parse_args(argv)
     except SystemExit as exc:  # --help, or a usage error already reported in one line
+        if server is not None:
+            server.stop()
         return int(exc.code or 0)
     # Prefect's INFO lines would drown the table; PREFECT_LOGGING_LEVEL still wins when set
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
@@ -622,10 +626,13 @@ def main(argv=None) -> int:
 
                 # unless $PREFECT_API_URL names a server, a temporary API server boots while Prefect and Dask load here
                 # (runtime.cli_run stops it if Prefect's profile names one)
-                server = None if os.environ.get("PREFECT_API_URL") else TemporaryAPIServer()
+                if server is None and not os.environ.get("PREFECT_API_URL"):
+                    server = TemporaryAPIServer()
                 from flows import runtime  # importing it sets hashdist's Prefect defaults before Prefect loads
 
                 stack.enter_context(runtime.cli_run(debug=args.debug, server=server))
+            elif server is not None:
+                server.stop()
             message = COMMANDS[args.command][1](args)
     except _Dropped as exc:  # evaluate --history: the report is written, the run recorded
         print(exc.output)

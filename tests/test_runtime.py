@@ -142,6 +142,47 @@ def test_no_process_outlives_the_cli(tmp_path, cli_env, long_dataset, sig):
             proc.kill()
 
 
+@pytest.mark.parametrize(("argv", "expected"), [
+    (["evaluate", "d.zarr", "--out", "r"], True),
+    (["--debug", "evaluate", "d.zarr", "--out", "r", "--engine", "flow"], True),
+    (["compare", "--method", "a=a.zarr", "--out", "r"], True),
+    (["evaluate", "d.zarr", "--out", "r", "--engine", "local"], False),
+    (["evaluate", "d.zarr", "--out", "r", "--engine=local"], False),
+    (["evaluate", "d.zarr", "--eng", "local", "--out", "r"], False),  # argparse takes unique abbreviations
+    (["evaluate", "--help"], False),
+    (["synth", "--preset", "demo", "--out", "d.zarr"], False),
+    ([], False),
+])
+def test_the_console_script_starts_a_server_first_only_for_flow_runs(monkeypatch, argv, expected):
+    from flows.apiserver import wants_server
+
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    assert wants_server(argv) is expected
+    monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:9/api")
+    assert wants_server(argv) is False
+
+
+@pytest.mark.parametrize(("args", "status"), [
+    (["--engine", "local", "--quiet", "--no-html"], 0),
+    (["--k", "ten"], 2),  # a usage error after the server was started: stopped, its database gone
+])
+def test_a_server_started_first_ends_when_no_flow_runs(tmp_path, cli_env, class_dataset, args, status):
+    (tmp_path / "tmp").mkdir()
+    env = {**cli_env, "TMPDIR": str(tmp_path / "tmp")}
+    cli = subprocess.Popen([HASHDIST, "evaluate", class_dataset, "--out", str(tmp_path / "report"), *args], env=env,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    started, deadline = set(), time.monotonic() + 120
+    try:
+        while cli.poll() is None and time.monotonic() < deadline:
+            started.update(psutil.Process(cli.pid).children(recursive=True))
+            time.sleep(0.02)
+    except psutil.NoSuchProcess:
+        pass
+    assert cli.wait(timeout=120) == status, cli.stderr.read()
+    assert not _running(started)
+    assert not list((tmp_path / "tmp").glob("hashdist-prefect-*"))
+
+
 def test_concurrent_temporary_servers_keep_separate_databases():
     from flows.apiserver import TemporaryAPIServer, template_path
 

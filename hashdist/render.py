@@ -6,6 +6,9 @@ import base64
 import html
 import io
 import math
+import textwrap
+
+TITLE_CHARS_PER_INCH = 11  # characters of a default-size title per inch of axes
 
 
 def fmt(x, digits: int = 4) -> str:
@@ -16,9 +19,18 @@ def fmt(x, digits: int = 4) -> str:
 
 
 def png(fig) -> str:
-    """A matplotlib figure as base64 PNG (embedded in the page, no external files)."""
+    """A matplotlib figure as base64 PNG (embedded in the page, no external files).
+
+    Laid out by matplotlib's tight layout engine as it draws: one draw, where ``bbox_inches="tight"``
+    draws twice. No minor ticks: on a log axis they cost as much to lay out as the rest of the figure.
+    Together about half the time (0.1 to 0.2 s a figure). Titles are wrapped to their axes' width."""
+    for ax in fig.axes:
+        ax.minorticks_off()
+        width = ax.get_position().width * fig.get_figwidth()
+        ax.set_title(textwrap.fill(ax.get_title(), width=max(20, int(TITLE_CHARS_PER_INCH * width))))
+    fig.set_layout_engine("tight")
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
+    fig.savefig(buf, format="png", dpi=90)
     return base64.b64encode(buf.getvalue()).decode()
 
 

@@ -162,16 +162,23 @@ def pick_share(client, items, blocks, state) -> SharePicks:
                       tallies=client.submit(_share_tallies, state))
 
 
-def reduce_on_cluster(client, plan, params, items, picks: list[SharePicks], threads: int) -> RunResult:
+def submit_counts(plan, parts: range, threads: int) -> list:
+    """One pass of code counting: a ``code-counts`` task per cluster thread (Dask futures of their states)."""
+    return [count_task.submit(plan, group, parts).wrapped_future for group in count_shares(plan, threads)]
+
+
+def reduce_on_cluster(client, plan, params, items, picks: list[SharePicks], threads: int, first_counts: list
+                      ) -> RunResult:
     """The RunResult from the shares' picks, reduced on the workers, and the code counts, one pass of code
-    parts at a time; only per-query values and tallies are gathered here."""
+    parts at a time (``first_counts``: the first pass, submitted with the histogram tasks); only per-query
+    values and tallies are gathered here."""
     t0 = time.perf_counter()
     plan_f, params_f = client.scatter(plan, broadcast=True), client.scatter(params, broadcast=True)
     sums = [_tree(client, add_sums, [share.sums[i] for share in picks if i in share.sums]) for i in range(len(items))]
     shells = [client.submit(query_shells, plan_f, s) for s in sums]
     found, sizes, bit_ones = [[] for _ in items], [], []
     for parts in code_passes(plan):
-        counted = [count_task.submit(plan, group, parts).wrapped_future for group in count_shares(plan, threads)]
+        counted = first_counts if parts.start == 0 else submit_counts(plan, parts, threads)
         _raise_failures(client, counted)
         if parts.start == 0:
             bit_ones = [client.submit(_bit_ones, state) for state in counted]
@@ -232,6 +239,8 @@ def evaluate(
     plan = for_threads(plan, threads)
     futures = {histogram_task.submit(plan, run, cache_arg).wrapped_future: run
                for run in work_shares(plan, max(threads, math.ceil(plan.pairs / PAIRS_PER_TASK)))}
+    # the first pass of code counting needs no histogram: it runs beside them, or as threads come free
+    first_counts = submit_counts(plan, code_passes(plan)[0], threads)
     items, picks, pairs_done = metric_items(plan), [], 0
     client = FlowRunContext.get().task_runner.client
     with client.as_current(), progress_bar(len(plan.histogram_blocks), progress) as bar:
@@ -242,7 +251,7 @@ def evaluate(
             bar.update(len(blocks))
             bar.set_postfix_str(f"{pairs_done / max(time.time() - t_start, 1e-9):.3g} pairs/s")
         t_compute = time.time()
-        result = reduce_on_cluster(client, plan, params, items, picks, threads)
+        result = reduce_on_cluster(client, plan, params, items, picks, threads, first_counts)
     started_at = started_at or t_start
     timing = {"startup_s": t_start - started_at, "compute_s": t_compute - t_start, **result.timing, "write_s": 0.0,
               "wall_s": time.time() - started_at}

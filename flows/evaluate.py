@@ -40,6 +40,7 @@ from prefect.states import State
 
 from flows.history import drop_state, watch
 from flows.runtime import TASK_OPTIONS, cluster_threads, progress_bar, task_runner
+from hashdist import precompile
 from hashdist.api import Evaluation, build_report, prepare
 from hashdist.cache import resolve_cache
 from hashdist.codeusage import bucket_sizes
@@ -235,6 +236,7 @@ def evaluate(
     cache_dir = resolve_cache(cache).directory
     cache_arg = False if cache_dir is None else str(cache_dir)
 
+    precompile.start()  # a first run's metric functions compile in a second process meanwhile
     threads = cluster_threads()
     plan = for_threads(plan, threads)
     futures = {histogram_task.submit(plan, run, cache_arg).wrapped_future: run

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from hashdist import precompile
 from hashdist.blocks import Block, block_rows, row_ranges, split_by_pairs
 from hashdist.cache import BlockCache
 from hashdist.codeusage import bit_ones_block, bucket_sizes, code_usage, merge_bucket_sizes
@@ -441,6 +442,7 @@ def run_local(plan: Plan, params: MetricParams, cache: BlockCache, *, threads: i
     ``progress(block, cached)`` is called after each histogram block.
     """
     t0 = time.perf_counter()
+    precompile.start()
     plan = for_threads(plan, threads)
     with ThreadPoolExecutor(threads) as pool:
         partials = functools.reduce(

@@ -62,3 +62,49 @@ def test_read_only_caches(multilabel_dataset, tmp_path):
     finally:
         for directory in read_only:
             _set_read_only(directory, False)
+
+
+_PROBE = """
+import json, sys, time
+from hashdist import precompile
+precompile.start()
+process = precompile._process
+print(json.dumps({"started": process is not None, "pid": None if process is None else process.pid}), flush=True)
+if process is not None and sys.argv[1] == "wait":
+    process.wait(300)
+"""
+
+
+def _probe(numba_dir, mode: str, as_owner=()) -> dict:
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(numba_dir), "NUMBA_CACHE_LOCATOR_CLASSES": "UserProvidedCacheLocator"}
+    run = subprocess.run([*as_owner, sys.executable, "-c", _PROBE, mode], env=env, check=True, capture_output=True,
+                         text=True, timeout=300)
+    return json.loads(run.stdout)
+
+
+def test_a_cold_cache_compiles_the_metrics_in_a_second_process_once(tmp_path):
+    numba_dir = tmp_path / "numba"
+    assert _probe(numba_dir, "wait")["started"]
+    cached = _files(numba_dir)
+    for function in ("_ap_at_radius", "_ap_at_k", "_dcg", "_hits_at_k", "_max_count_by_scan", "_order_by_part"):
+        assert any(f"{function}-" in name and name.endswith(".nbi") for name in cached), (function, cached)
+    assert not _probe(numba_dir, "wait")["started"]  # warm: nothing to compile, no process
+
+
+def test_the_compiling_process_ends_with_the_run(tmp_path):
+    import psutil
+
+    started = _probe(tmp_path / "numba", "exit")  # the run exits at once: its compiling process is killed
+    assert started["started"]
+    assert not psutil.pid_exists(started["pid"]) or psutil.Process(started["pid"]).status() == psutil.STATUS_ZOMBIE
+
+
+def test_no_compiling_process_without_a_writable_cache(tmp_path):
+    read_only = tmp_path / "numba_ro"
+    read_only.mkdir()
+    _set_read_only(read_only, True)
+    try:
+        assert not _probe(read_only, "wait", AS_OWNER)["started"]
+        assert _files(read_only) == []
+    finally:
+        _set_read_only(read_only, False)

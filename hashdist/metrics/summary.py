@@ -95,7 +95,7 @@ def cap_grades(H: np.ndarray, cap: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def per_query_metrics(H: np.ndarray, max_bucket: np.ndarray, params: MetricParams,
-                      hamming: np.ndarray | None = None) -> dict[str, np.ndarray]:
+                      hamming: np.ndarray | None = None, measures=MEASURES) -> dict[str, np.ndarray]:
     """Every per-query value of the registry's per-query measures, keyed by ``per_query_key``. NaN = undefined.
 
     ``H`` is over the ranking distance's axis; ``hamming``, when that distance is not plain Hamming,
@@ -104,7 +104,8 @@ def per_query_metrics(H: np.ndarray, max_bucket: np.ndarray, params: MetricParam
 
     Also the counts that micro measures sum: relevant items, items, and TP and |S_r| per radius; and
     ``capped_pairs``, the relevant pairs whose grade the user's cap lowered; and what the requested
-    conventions need besides (``hashdist.metrics.conventions.per_query_values``).
+    conventions need besides (``hashdist.metrics.conventions.per_query_values``). ``measures``: which of the
+    registry's measures, in which order.
     """
     H = np.ascontiguousarray(H, dtype=np.int64)
     capped_pairs = np.zeros(H.shape[0], dtype=np.int64)
@@ -116,7 +117,7 @@ def per_query_metrics(H: np.ndarray, max_bucket: np.ndarray, params: MetricParam
         tp, size, R = rad.retrieved_counts(H)
         out: dict[str, np.ndarray] = {"relevant": R, "items": size[:, -1], "tp_at_radius": tp,
                                       "retrieved_at_radius": size, "capped_pairs": capped_pairs}
-        for measure in MEASURES:
+        for measure in measures:
             if measure.per_query is None:
                 continue
             for value in measure.values(params):

@@ -164,8 +164,9 @@ class _DropBadInput(logging.Filter):
         return self.STATE_MESSAGE not in message and not message.startswith("Still processing items")
 
 
-def _load_while_the_server_starts() -> None:
-    """What the run would load later anyway, loaded while it could only wait for its API server.
+def _load_while_waiting() -> None:
+    """What the run would load later anyway, loaded in a thread of its own while the flow run starts, when the
+    CLI's thread mostly waits for the API server (booting, then answering the run's first requests).
 
     The report's plots (matplotlib, about 0.5 s) and numba's compiler (about 0.4 s before the
     first kernel call; then kernels load from numba's cache).
@@ -197,7 +198,7 @@ def cli_run(debug: bool, server: TemporaryAPIServer | None = None):
             # no flow run heartbeats: nothing watches a temporary server's runs, and the engine waits up to 1 s
             # at the end of a run for the heartbeat thread
             stack.enter_context(temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}))
-            _load_while_the_server_starts()
+            threading.Thread(target=_load_while_waiting, name="hashdist-preload", daemon=True).start()
         if not debug:
             ensure_logging_setup()
             drop = _DropBadInput()

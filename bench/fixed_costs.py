@@ -4,9 +4,9 @@
 
 1. the machine (CPU model, cores, SIMD flags, versions), in every output;
 2. fixed overhead of the default engine: `hashdist evaluate` on the demo preset, new processes, numba cache and
-   Prefect's template database warm, flow (default) and `--engine local` alternating, median of 3 each;
+   Prefect's template database warm, flow (default) and `--engine local` alternating, median of 5 each;
 3. first-run compile cost: `--engine local --no-cache` with an empty numba cache and an empty HASHDIST_CACHE
-   (nothing compiled, no generated kernel sources), then the same command again (warm); median of 2; demo and
+   (nothing compiled, no generated kernel sources), then the same command again (warm); median of 3; demo and
    Flickr-1M presets;
 4. the histogram kernel against faiss `hammings` on one thread, same codes, B = 64 and 128, class and multi-label;
 5. Flickr-1M end to end (new process, `--no-cache`, warm numba cache), flow and local, against the bare kernel
@@ -223,7 +223,7 @@ def alternate(flow_cmd, local_cmd, out: Path, env: dict, timeout: float, repeats
     return flow, local, timing
 
 
-def fixed_overhead(work: Path, demo: Path, env: dict, repeats: int = 3) -> dict:
+def fixed_overhead(work: Path, demo: Path, env: dict, repeats: int = 5) -> dict:
     """Flow (default engine) and local engine on the demo, new processes, warm caches, alternating."""
     out = work / "report-demo"
     flow_cmd = evaluate_cmd(demo, out, "--no-html")
@@ -237,7 +237,7 @@ def fixed_overhead(work: Path, demo: Path, env: dict, repeats: int = 3) -> dict:
             "difference_s": statistics.median(flow) - statistics.median(local), "last_flow_timing": timing}
 
 
-def compile_cost(work: Path, data: Path, name: str, timeout: float, repeats: int = 2) -> dict:
+def compile_cost(work: Path, data: Path, name: str, timeout: float, repeats: int = 3) -> dict:
     """`--engine local --no-cache` with empty numba and hashdist caches (cold), then again with them (warm)."""
     cold, warm = [], []
     for i in range(repeats):

@@ -6,9 +6,9 @@ code-count functions and then the registry's measures, in reverse order, on tiny
 them into the cache, while this process compiles the histogram kernels, then counts codes and
 computes the measures in registry order: each function is compiled by whichever process reaches it
 first and loaded from the cache by the other (numba looks there at a function's first call), so the
-two meet in the middle of the measures. With a warm
-cache, or a cache numba cannot write (a read-only install), nothing is started. The process ends with
-this one: it is killed at exit, and exits on its own if this process is killed.
+two meet in the middle of the measures. With a warm cache, or a cache numba cannot write (a read-only
+install), nothing is started. The process ends with this one: it is killed at exit, and exits on its
+own if this process is killed.
 """
 
 from __future__ import annotations

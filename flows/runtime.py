@@ -64,11 +64,29 @@ def cluster_threads() -> int:
     return max(1, sum(threads.values()))
 
 
+class _NoBar:
+    """What a run reports progress to when no bar is shown."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def set_postfix_str(self, text: str) -> None:
+        pass
+
+
 def progress_bar(total: int, enabled: bool):
-    """A tqdm bar on stderr, shown only when enabled and stderr is a terminal."""
+    """A tqdm bar on stderr, shown only when enabled and stderr is a terminal (tqdm is loaded only then)."""
+    if not (enabled and sys.stderr.isatty()):
+        return _NoBar()
     from tqdm import tqdm
 
-    return tqdm(total=total, unit="block", file=sys.stderr, disable=None if enabled else True, dynamic_ncols=True)
+    return tqdm(total=total, unit="block", file=sys.stderr, dynamic_ncols=True)
 
 
 def environment_cluster_kwargs() -> dict | None:
@@ -164,26 +182,30 @@ class _DropBadInput(logging.Filter):
         return self.STATE_MESSAGE not in message and not message.startswith("Still processing items")
 
 
-def _load_while_waiting() -> None:
+def _load_while_waiting(plots: bool) -> None:
     """What the run would load later anyway, loaded in a thread of its own while the flow run starts, when the
-    CLI's thread mostly waits for the API server (booting, then answering the run's first requests).
+    CLI's thread mostly waits for the API server (booting, then answering the run's first requests); in the
+    order the run needs them, and only what it needs.
 
-    The report's plots (matplotlib, about 0.5 s) and numba's compiler (about 0.4 s before the
-    first kernel call; then kernels load from numba's cache).
+    FastAPI's encoders (about 0.5 s: Prefect encodes the flow's parameters with them when it creates
+    the flow run), numba's compiler (about 0.4 s before the first kernel call; then kernels load from
+    numba's cache), and for a run that draws the report's plots, matplotlib (about 0.5 s).
     """
-    import matplotlib.pyplot  # noqa: F401
+    import fastapi.encoders  # noqa: F401
     import numba
 
     numba.njit(lambda: 0)()
+    if plots:
+        import matplotlib.pyplot  # noqa: F401
 
 
 @contextlib.contextmanager
-def cli_run(debug: bool, server: TemporaryAPIServer | None = None):
+def cli_run(debug: bool, server: TemporaryAPIServer | None = None, plots: bool = True):
     """The command line's flow run: bad input is reported before the run starts, in one line of the CLI's own.
 
     Checks $HASHDIST_CLUSTER_KWARGS; runs on ``server`` (the CLI's temporary API server) unless
     Prefect's settings name an API (then stops it); unless ``debug``, keeps Prefect's records
-    about bad input off the console meanwhile.
+    about bad input off the console meanwhile. ``plots``: whether the run draws plots.
     """
     environment_cluster_kwargs()
     # the process ends after the run: spare the collector a pass over Prefect's heap at exit (about 0.5 s)
@@ -198,7 +220,7 @@ def cli_run(debug: bool, server: TemporaryAPIServer | None = None):
             # no flow run heartbeats: nothing watches a temporary server's runs, and the engine waits up to 1 s
             # at the end of a run for the heartbeat thread
             stack.enter_context(temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}))
-            threading.Thread(target=_load_while_waiting, name="hashdist-preload", daemon=True).start()
+            threading.Thread(target=_load_while_waiting, args=(plots,), name="hashdist-preload", daemon=True).start()
         if not debug:
             ensure_logging_setup()
             drop = _DropBadInput()

@@ -630,7 +630,8 @@ def main(argv=None, server=None) -> int:
                     server = TemporaryAPIServer()
                 from flows import runtime  # importing it sets hashdist's Prefect defaults before Prefect loads
 
-                stack.enter_context(runtime.cli_run(debug=args.debug, server=server))
+                plots = getattr(args, "out", None) is not None and not getattr(args, "no_html", False)
+                stack.enter_context(runtime.cli_run(debug=args.debug, server=server, plots=plots))
             elif server is not None:
                 server.stop()
             message = COMMANDS[args.command][1](args)

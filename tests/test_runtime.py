@@ -252,3 +252,21 @@ def test_cli_uses_a_configured_api_server_and_starts_none(tmp_path, cli_env, cla
             cli.kill()
             cli.wait(timeout=30)
         cli.stderr.close()
+
+
+@pytest.mark.parametrize("plots", [False, True])
+def test_preload_loads_what_the_run_needs(plots):
+    code = ("import sys; from flows.runtime import _load_while_waiting; _load_while_waiting(plots=%s); "
+            "print(*(m in sys.modules for m in ('fastapi.encoders', 'numba', 'matplotlib.pyplot')))") % plots
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True", "True", str(plots)]
+
+
+def test_no_progress_bar_off_a_terminal():
+    code = ("import sys; from flows.runtime import progress_bar\n"
+            "with progress_bar(3, True) as bar:\n    bar.update(1); bar.set_postfix_str('x')\n"
+            "print('tqdm' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False"] and done.stderr == ""

@@ -39,7 +39,7 @@ from prefect.context import FlowRunContext
 from prefect.states import State
 
 from flows.history import drop_state, watch
-from flows.runtime import TASK_OPTIONS, cluster_threads, progress_bar, task_runner
+from flows.runtime import TASK_OPTIONS, cluster_threads, progress_bar, task_runner, workers_in_this_process
 from hashdist import precompile
 from hashdist.api import Evaluation, build_report, prepare
 from hashdist.cache import resolve_cache
@@ -191,6 +191,7 @@ def reduce_on_cluster(client, plan, params, items, picks: list[SharePicks], thre
         wait([f for fs in found for f in fs[-len(parts):]] + sizes[-len(parts):])  # this pass's parts are done
     M = [_tree(client, np.maximum, fs) for fs in found]
     t1 = time.perf_counter()
+    precompile.join()  # a first run: the measures compile on two cores (for the cluster's threads in this process)
     values = [client.submit(item_metrics, params_f, s, m) for s, m in zip(sums, M, strict=True)]
     values, sizes, bit_ones, tallies = client.gather([values, sizes, bit_ones, [share.tallies for share in picks]])
     totals = {key: sum(t[key] for t in tallies) for key in TALLIES}
@@ -236,8 +237,9 @@ def evaluate(
     cache_dir = resolve_cache(cache).directory
     cache_arg = False if cache_dir is None else str(cache_dir)
 
-    precompile.start()  # a first run's metric functions compile in a second process meanwhile
     threads = cluster_threads()
+    if workers_in_this_process():  # a first run's metric functions compile in a second process meanwhile
+        precompile.start()
     plan = for_threads(plan, threads)
     futures = {histogram_task.submit(plan, run, cache_arg).wrapped_future: run
                for run in work_shares(plan, max(threads, math.ceil(plan.pairs / PAIRS_PER_TASK)))}

@@ -80,6 +80,13 @@ class _NoBar:
         pass
 
 
+def workers_in_this_process() -> bool:
+    """Whether the flow's Dask workers are threads of this process (the embedded LocalCluster): then they share
+    its compiled functions and its numba cache."""
+    workers = FlowRunContext.get().task_runner.client.scheduler_info(n_workers=-1)["workers"]
+    return bool(workers) and all(address.startswith("inproc://") for address in workers)
+
+
 def progress_bar(total: int, enabled: bool):
     """A tqdm bar on stderr, shown only when enabled and stderr is a terminal (tqdm is loaded only then)."""
     if not (enabled and sys.stderr.isatty()):

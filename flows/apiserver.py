@@ -3,9 +3,9 @@
 Only the standard library at import, so the CLI starts the server first thing and it boots
 (about 3 s of imports and app set-up) while the CLI imports Prefect and Dask. The CLI binds
 the server's loopback socket and hands it over: it listens from the start, so Prefect's first
-request waits in the backlog until the server is up, and no other process can take the port. The
-server's own read-only warm-up requests wait there first, so what it sets up lazily at its first
-requests is ready, or being made ready, when the run's arrive.
+request waits in the backlog until the server is up, and no other process can take the port. As it
+starts, the server also sends itself a few read-only requests: what it sets up lazily at its first
+requests (0.3 to 0.4 s) is then ready when the run's requests arrive, if they come later.
 The server's database lives in a temporary directory that goes with the server: a copy of a
 migrated template kept per user and Prefect version (migrating a new database takes about 8 s).
 
@@ -136,8 +136,8 @@ WARM_UP_REQUESTS = (("/admin/version", None), ("/csrf-token?client=hashdist-warm
 
 
 def _warm_up(port: int) -> None:
-    """The server's own first requests, queued before the run's: a new server builds its routes' models, its
-    database mappers and its connection on first use (0.3 to 0.4 s), so that work is done by the time the run
+    """The server's requests to itself as it starts: a new server builds its routes' models, its database
+    mappers and its connection on first use (0.3 to 0.4 s); done now, that work is over by the time the run
     asks, or it is the work the run's first request would have waited for anyway."""
     import urllib.request
 

@@ -65,7 +65,10 @@ def cluster_threads() -> int:
 
 
 class _NoBar:
-    """What a run reports progress to when no bar is shown."""
+    """What a run reports progress to when no bar is shown: the part of tqdm's interface the flows use."""
+
+    def __init__(self, total: int):
+        self.total = total
 
     def __enter__(self):
         return self
@@ -79,6 +82,9 @@ class _NoBar:
     def set_postfix_str(self, text: str) -> None:
         pass
 
+    def refresh(self) -> None:
+        pass
+
 
 def workers_in_this_process() -> bool:
     """Whether the flow's Dask workers are threads of this process (the embedded LocalCluster): then they share
@@ -90,7 +96,7 @@ def workers_in_this_process() -> bool:
 def progress_bar(total: int, enabled: bool):
     """A tqdm bar on stderr, shown only when enabled and stderr is a terminal (tqdm is loaded only then)."""
     if not (enabled and sys.stderr.isatty()):
-        return _NoBar()
+        return _NoBar(total)
     from tqdm import tqdm
 
     return tqdm(total=total, unit="block", file=sys.stderr, dynamic_ncols=True)

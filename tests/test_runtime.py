@@ -265,7 +265,8 @@ def test_preload_loads_what_the_run_needs(plots):
 
 def test_no_progress_bar_off_a_terminal():
     code = ("import sys; from flows.runtime import progress_bar\n"
-            "with progress_bar(3, True) as bar:\n    bar.update(1); bar.set_postfix_str('x')\n"
+            "with progress_bar(3, True) as bar:\n"
+            "    bar.total += 2; bar.refresh(); bar.update(1); bar.set_postfix_str('x')\n"
             "print('tqdm' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr

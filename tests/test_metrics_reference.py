@@ -18,6 +18,7 @@ import reference as ref
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from hashdist.kernels import histogram
 from hashdist.kernels.codecounts import max_bucket_within
 from hashdist.kernels.histogram import histogram_block
 from hashdist.metrics import (
@@ -684,6 +685,26 @@ def test_histogram_block_bruteforce_and_chunk_invariance(data, split_seed):
             part_args = (args[0][lo:hi], args[1])
         parts.append(_call_histogram(kind, B, qw[lo:hi], dw, part_args, max_grade))
     assert np.array_equal(np.concatenate(parts), one)
+
+
+@pytest.mark.parametrize("vector_popcount", [False, True])
+@pytest.mark.parametrize("nbits", [12, 64])
+def test_fused_and_two_phase_distance_counts_match_bruteforce(monkeypatch, vector_popcount, nbits):
+    """Distance-only counts (class split, explicit) by either kernel, whichever this CPU would pick."""
+    monkeypatch.setattr(histogram, "_vector_popcount", lambda: vector_popcount)
+    rng = np.random.default_rng(nbits)
+    Q, N = 300, 700  # 300 queries: the class-split route
+    base = rng.integers(0, 2, (3, nbits))
+    qbits = base[rng.integers(0, 3, Q)] ^ (rng.random((Q, nbits)) < 0.05)
+    dbbits = base[rng.integers(0, 3, N)] ^ (rng.random((N, nbits)) < 0.05)
+    ql, dl = rng.integers(0, 30, Q), rng.integers(0, 30, N)
+    qw, dw = ref.pack_bits_reference(qbits), ref.pack_bits_reference(dbbits)
+    dist = ref.hamming_bruteforce(qbits, dbbits)
+    want = ref.histograms_bruteforce(dist, ref.grades_class(ql, dl), nbits, 2)
+    assert np.array_equal(histogram_block(qw, dw, nbits, "class", ql, dl), want)
+    lists = [{int(j): 2 for j in rng.choice(N, size=5, replace=False)} for _ in range(Q)]
+    want = ref.histograms_bruteforce(dist, ref.grades_explicit(lists, N, 2), nbits, 3)
+    assert np.array_equal(_call_histogram("explicit", nbits, qw, dw, lists, 2), want)
 
 
 @pytest.mark.parametrize("nbits", [1, 64, 65, 130])

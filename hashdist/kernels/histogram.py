@@ -8,6 +8,8 @@ counts at those cells, one slot after another so consecutive increments rarely h
 the same counter. When the cells of two queries fit in a small joint table, a slot
 counts a pair of queries jointly (one increment per item for two queries) and the
 table's row and column sums become their histograms. No distance matrix is formed.
+Distance-only counts of one-word codes on a CPU without a vector popcount take one
+fused scalar loop instead (POPCNT and the increment per item, a constant table stride).
 
 Class labels with few relevant pairs take a cheaper route: distances of all items
 are counted without grades (small joint tables), the block is grouped by label so
@@ -19,6 +21,7 @@ grade, a merge-walk over the sorted CSR lists.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import os
@@ -40,7 +43,7 @@ MAX_RELEVANT_FRACTION = 0.2  # class split: at most this share of same-label pai
 MIN_SPLIT_QUERIES = 256  # ...and enough queries to pay for grouping the block by label
 
 
-def _kernel_source(kind: str, words: int, label_words: int, joint: bool, top: int) -> str:
+def _kernel_source(kind: str, words: int, label_words: int, joint: bool, top: int, fused: bool) -> str:
     """Source of one kernel; ``grades`` grades are counted into H's ``ncols`` grade columns (run-time arguments).
 
     The kernel adds, for each row (q0, q1, d0, d1) of ``segments``, the histograms of
@@ -54,6 +57,9 @@ def _kernel_source(kind: str, words: int, label_words: int, joint: bool, top: in
     ``joint`` pairs queries (2s, 2s + 1) in slot s of ncell * ncell counts, else each
     query has a slot of ncell counts. ``top`` caps the labels in common of "multilabel" kernels
     (grades - 1): a constant of the source, as a run-time cap costs 4% of their throughput.
+    ``fused`` (kind "none", one word, joint) increments in the loop that computes the distances,
+    over tables of constant stride :func:`_fused_stride`: a run-time stride there costs a
+    multiplication per cell (a third of the throughput).
     """
     if words:
         code = "; ".join(f"a{{t}}_{w} = qc[k{{t}}, {w}]" for w in range(words))
@@ -94,14 +100,20 @@ def _kernel_source(kind: str, words: int, label_words: int, joint: bool, top: in
         sums = """                for u in range(ncell):
                     m[s, u] = J[s * span + u]
                     J[s * span + u] = 0"""
-    fill = "\n".join(f"""                cs = cells[{s}]
+    if fused:
+        phases = "                for j in range(C):\n" + "\n".join(
+            f"                    J[{s} * span + {cells[s]}] += 1" for s in range(slots))
+    else:
+        fill = "\n".join(f"""                cs = cells[{s}]
                 for j in range(C):
                     cs[j] = {s} * span + {cells[s]}""" for s in range(slots))
-    count = "\n".join(f"                    J[cells[{s}, j]] += 1" for s in range(slots))
+        count = "\n".join(f"                    J[cells[{s}, j]] += 1" for s in range(slots))
+        phases = f"{fill}\n                for j in range(C):\n{count}"
+    ncell = _fused_stride(words) if fused else "grades * nbd"
     return f"""
 def kernel(qc, qr, dc, dr, H, segments, grades, ncols, J, m, cells):
     nbd = H.shape[1] // ncols
-    ncell = grades * nbd
+    ncell = {ncell}
     span = {span}
     for i in range(segments.shape[0]):
         q0, q1, d0, d1 = segments[i, 0], segments[i, 1], segments[i, 2], segments[i, 3]
@@ -113,9 +125,7 @@ def kernel(qc, qr, dc, dr, H, segments, grades, ncols, J, m, cells):
                 C = min({CHUNK}, d1 - j0)
                 {item}
                 {item_label}
-{fill}
-                for j in range(C):
-{count}
+{phases}
             for s in range({slots}):
 {sums}
             for t in range(min({TILE}, q1 - q)):
@@ -168,12 +178,34 @@ def _compile(*key):
         return namespace["kernel"]
 
 
+def _fused_stride(words: int) -> int:
+    """Row length of a fused kernel's joint table: every distance of ``words``-word codes."""
+    return 64 * words + 1
+
+
+@functools.cache
+def _vector_popcount() -> bool:
+    """Whether numba's target CPU counts bits in vector registers (AVX-512 VPOPCNTDQ).
+
+    Without it, LLVM vectorises popcount as byte-table lookups and a scalar POPCNT per pair
+    is faster for one-word codes (hence the fused kernel).
+    """
+    from llvmlite import binding
+    from numba import config
+
+    if config.CPU_FEATURES is not None:
+        return "+avx512vpopcntdq" in config.CPU_FEATURES.split(",")
+    if config.CPU_NAME is not None:
+        return False
+    return bool(binding.get_host_cpu_features().get("avx512vpopcntdq"))
+
+
 _KERNELS: dict = {}
 _COMPILE_LOCK = threading.Lock()
 
 
-def _kernel(kind: str, words: int, label_words: int, joint: bool, top: int):
-    key = (kind, words, label_words, joint, top)
+def _kernel(kind: str, words: int, label_words: int, joint: bool, top: int, fused: bool):
+    key = (kind, words, label_words, joint, top, fused)
     with _COMPILE_LOCK:
         if key not in _KERNELS:
             _KERNELS[key] = _compile(*key)
@@ -240,13 +272,15 @@ def _count(qc, qr, items, dr, flat, segments, kind, words, label_words, grades, 
     segments = np.array(segments, dtype=np.int64).reshape(-1, 4)
     segments = segments[(segments[:, 1] > segments[:, 0]) & (segments[:, 3] > segments[:, 2])]
     if len(segments):
-        ncell = grades * (nbits + 1)
+        fused = kind == "none" and words == 1 and not _vector_popcount()
+        ncell = _fused_stride(words) if fused else grades * (nbits + 1)
         joint = ncell**2 <= MAX_JOINT_CELLS
         slots, span = (TILE // 2, ncell * ncell) if joint else (TILE, ncell)
         J, m = np.zeros(slots * span, np.int32), np.empty((TILE, ncell), np.int64)
         cells = np.empty((slots, CHUNK), np.uint32)
         top = grades - 1 if kind == "multilabel" else 0
-        _kernel(kind, words, label_words, joint, top)(qc, qr, items, dr, flat, segments, grades, ncols, J, m, cells)
+        kernel = _kernel(kind, words, label_words, joint, top, fused)
+        kernel(qc, qr, items, dr, flat, segments, grades, ncols, J, m, cells)
 
 
 def _class_split(qc, ql, items, dl, words, nbits):

@@ -188,7 +188,8 @@ def _vector_popcount() -> bool:
     """Whether numba's target CPU counts bits in vector registers (AVX-512 VPOPCNTDQ).
 
     Without it, LLVM vectorises popcount as byte-table lookups and a scalar POPCNT per pair
-    is faster for one-word codes (hence the fused kernel).
+    is faster for one-word codes (hence the fused kernel). A CPU named in NUMBA_CPU_NAME without
+    NUMBA_CPU_FEATURES counts as having none: either kernel gives the same counts.
     """
     from llvmlite import binding
     from numba import config

@@ -172,11 +172,11 @@ def reduce_on_cluster(client, plan, params, items, picks: list[SharePicks], thre
                       ) -> RunResult:
     """The RunResult from the shares' picks, reduced on the workers, and the code counts, one pass of code
     parts at a time (``first_counts``: the first pass, submitted with the histogram tasks); only per-query
-    values and tallies are gathered here."""
+    values and tallies are gathered here. The plan and parameters (a few KB) travel inside the tasks: scattered
+    data cannot be recomputed, and a broadcast scatter waits forever for a worker that died meanwhile."""
     t0 = time.perf_counter()
-    plan_f, params_f = client.scatter(plan, broadcast=True), client.scatter(params, broadcast=True)
     sums = [_tree(client, add_sums, [share.sums[i] for share in picks if i in share.sums]) for i in range(len(items))]
-    shells = [client.submit(query_shells, plan_f, s) for s in sums]
+    shells = [client.submit(query_shells, plan, s) for s in sums]
     found, sizes, bit_ones = [[] for _ in items], [], []
     for parts in code_passes(plan):
         counted = first_counts if parts.start == 0 else submit_counts(plan, parts, threads)
@@ -184,15 +184,15 @@ def reduce_on_cluster(client, plan, params, items, picks: list[SharePicks], thre
         if parts.start == 0:
             bit_ones = [client.submit(_bit_ones, state) for state in counted]
         for p in parts:
-            part = client.submit(code_part, plan_f, [client.submit(_piece, state, p) for state in counted])
+            part = client.submit(code_part, plan, [client.submit(_piece, state, p) for state in counted])
             for i, (_, start, stop) in enumerate(items):
-                found[i].append(client.submit(part_max_buckets, plan_f, part, start, stop, shells[i]))
+                found[i].append(client.submit(part_max_buckets, plan, part, start, stop, shells[i]))
             sizes.append(client.submit(_part_bucket_sizes, part))
         wait([f for fs in found for f in fs[-len(parts):]] + sizes[-len(parts):])  # this pass's parts are done
     M = [_tree(client, np.maximum, fs) for fs in found]
     t1 = time.perf_counter()
     precompile.join()  # a first run: the measures compile on two cores (for the cluster's threads in this process)
-    values = [client.submit(item_metrics, params_f, s, m) for s, m in zip(sums, M, strict=True)]
+    values = [client.submit(item_metrics, params, s, m) for s, m in zip(sums, M, strict=True)]
     values, sizes, bit_ones, tallies = client.gather([values, sizes, bit_ones, [share.tallies for share in picks]])
     totals = {key: sum(t[key] for t in tallies) for key in TALLIES}
     result = assemble(plan, params, values, sizes, sum(bit_ones), totals)

@@ -71,6 +71,33 @@ def test_killed_dask_worker_does_not_change_the_result(busy_dataset, loopback_cl
     assert _metrics(outcome["result"]) == _metrics(evaluate_local(busy_dataset, cache=False))
 
 
+def test_worker_killed_as_the_reduction_starts_does_not_hang_the_run(tmp_path, loopback_cluster, monkeypatch):
+    """The worker dies just before the reduction sends its first tasks, before the scheduler has noticed: the run
+    completes with the exact result (a broadcast scatter of the plan used to wait for that worker forever)."""
+    import flows.evaluate as evaluate_module
+
+    address, procs = loopback_cluster
+    dataset = make_dataset(tmp_path, n_db=4000, n_q=64, nbits=64, chunk_rows=1000, query_chunk_rows=64)
+    reduce, pid = evaluate_module.reduce_on_cluster, procs[1].pid  # (the patch must pickle: no Popen in it)
+
+    def kill_then_reduce(*args, **kwargs):
+        os.kill(pid, signal.SIGKILL)
+        return reduce(*args, **kwargs)
+
+    monkeypatch.setattr(evaluate_module, "reduce_on_cluster", kill_then_reduce)
+    outcome = {}
+
+    def run():
+        outcome["result"] = evaluate_module.run_evaluation(dataset, cache=False, address=address,
+                                                           query_block_rows=64, db_block_rows=1000)
+
+    runner = threading.Thread(target=run, daemon=True)
+    runner.start()
+    runner.join(timeout=120)
+    assert not runner.is_alive(), "the run hung after the worker died"
+    assert _metrics(outcome["result"]) == _metrics(evaluate_local(dataset, cache=False))
+
+
 def test_killed_evaluate_process_resumes_from_cached_blocks(busy_dataset, tmp_path):
     cache, out = tmp_path / "cache", tmp_path / "report"
     cmd = [str(BIN / "hashdist"), "evaluate", busy_dataset, "--out", str(out), "--cache", str(cache),

@@ -687,11 +687,11 @@ def test_histogram_block_bruteforce_and_chunk_invariance(data, split_seed):
     assert np.array_equal(np.concatenate(parts), one)
 
 
-@pytest.mark.parametrize("vector_popcount", [False, True])
+@pytest.mark.parametrize("fused", [False, True])
 @pytest.mark.parametrize("nbits", [12, 64])
-def test_fused_and_two_phase_distance_counts_match_bruteforce(monkeypatch, vector_popcount, nbits):
+def test_fused_and_two_phase_distance_counts_match_bruteforce(monkeypatch, fused, nbits):
     """Distance-only counts (class split, explicit) by either kernel, whichever this CPU would pick."""
-    monkeypatch.setattr(histogram, "_vector_popcount", lambda: vector_popcount)
+    monkeypatch.setattr(histogram, "_fused_distance_counts", lambda: fused)
     rng = np.random.default_rng(nbits)
     Q, N = 300, 700  # 300 queries: the class-split route
     base = rng.integers(0, 2, (3, nbits))

@@ -42,6 +42,7 @@ MAX_UNROLLED_WORDS = 8
 MAX_BLOCK_ROWS = 2**31 - 1  # a tile counts into int32 tables
 MAX_RELEVANT_FRACTION = 0.2  # class split: at most this share of same-label pairs...
 MIN_SPLIT_QUERIES = 256  # ...and enough queries to pay for grouping the block by label
+FUSED_STRIDE = 65  # row length of a fused kernel's joint tables: every distance of one-word codes
 
 
 def _kernel_source(kind: str, words: int, label_words: int, joint: bool, top: int, fused: bool) -> str:
@@ -59,7 +60,7 @@ def _kernel_source(kind: str, words: int, label_words: int, joint: bool, top: in
     query has a slot of ncell counts. ``top`` caps the labels in common of "multilabel" kernels
     (grades - 1): a constant of the source, as a run-time cap costs 4% of their throughput.
     ``fused`` (kind "none", one word, joint) increments in the loop that computes the distances,
-    over tables of constant stride :func:`_fused_stride`: a run-time stride there costs a
+    over tables of constant stride FUSED_STRIDE: a run-time stride there costs a
     multiplication per cell (a third of the throughput).
     """
     if words:
@@ -110,7 +111,7 @@ def _kernel_source(kind: str, words: int, label_words: int, joint: bool, top: in
                     cs[j] = {s} * span + {cells[s]}""" for s in range(slots))
         count = "\n".join(f"                    J[cells[{s}, j]] += 1" for s in range(slots))
         phases = f"{fill}\n                for j in range(C):\n{count}"
-    ncell = _fused_stride(words) if fused else "grades * nbd"
+    ncell = FUSED_STRIDE if fused else "grades * nbd"
     return f"""
 def kernel(qc, qr, dc, dr, H, segments, grades, ncols, J, m, cells):
     nbd = H.shape[1] // ncols
@@ -177,11 +178,6 @@ def _compile(*key):
         namespace: dict = {}
         exec(source, namespace)  # no source file: cached_njit compiles it without the cache
         return namespace["kernel"]
-
-
-def _fused_stride(words: int) -> int:
-    """Row length of a fused kernel's joint table: every distance of ``words``-word codes."""
-    return 64 * words + 1
 
 
 # numba target CPUs (LLVM's names) on which the fused kernel counts one-word distances faster: AMD Zen 1-3
@@ -272,7 +268,7 @@ def _count(qc, qr, items, dr, flat, segments, kind, words, label_words, grades, 
     segments = segments[(segments[:, 1] > segments[:, 0]) & (segments[:, 3] > segments[:, 2])]
     if len(segments):
         fused = kind == "none" and words == 1 and _fused_distance_counts()
-        ncell = _fused_stride(words) if fused else grades * (nbits + 1)
+        ncell = FUSED_STRIDE if fused else grades * (nbits + 1)
         joint = ncell**2 <= MAX_JOINT_CELLS
         slots, span = (TILE // 2, ncell * ncell) if joint else (TILE, ncell)
         J, m = np.zeros(slots * span, np.int32), np.empty((TILE, ncell), np.int64)

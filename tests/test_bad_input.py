@@ -1,6 +1,8 @@
 """Bad input: one line naming the problem, exit status 2, no traceback, nothing written."""
 
 import pickle
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -124,6 +126,26 @@ def test_evaluate_missing_or_foreign_dataset(tmp_path, capsys):
     assert_refused(capsys, ["evaluate", tmp_path / "missing.zarr", "--out", out], "no such dataset", out)
     (tmp_path / "plain").mkdir()
     assert_refused(capsys, ["evaluate", tmp_path / "plain", "--out", out], "not a", out)
+
+
+@pytest.mark.parametrize("command", [
+    ["evaluate", "{missing}", "--out", "{out}"],
+    ["evaluate", "{dataset}", "--out", "{out}", "--k", "0"],
+    ["compare", "--method", "a={dataset}", "--method", "b={missing}", "--out", "{out}"],
+    ["groundtruth", "--method", "top_percent", "{dataset}"],  # a dataset without features
+])
+def test_flow_commands_refuse_bad_input_before_prefect_loads(tmp_path, dataset, cli_env, command):
+    """With the default engine, bad input is refused before Prefect is imported (seconds sooner) or a temporary
+    API server started."""
+    argv = [a.format(missing=tmp_path / "missing.zarr", dataset=dataset, out=tmp_path / "out") for a in command]
+    script = ("import sys; from hashdist.cli import main; status = main(sys.argv[1:]); "
+              "print(sorted({m.split('.')[0] for m in sys.modules} & {'prefect', 'distributed'})); sys.exit(status)")
+    proc = subprocess.run([sys.executable, "-c", script, *argv], env=cli_env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stdout.strip() == "[]"
+    assert not (tmp_path / "out").exists()
 
 
 def test_evaluate_refuses_foreign_output_directory(tmp_path, capsys, dataset):

@@ -20,7 +20,7 @@ from hashdist.atomic import staged_directory
 from hashdist.codeusage import rank_size_steps
 from hashdist.errors import InputError
 from hashdist.metrics.registry import BY_KEY, FIELD_LABELS, MEASURES, headline_rows, lookup
-from hashdist.render import fmt, html_figure, html_table, page, png, text_table
+from hashdist.render import fmt, html_figure, html_table, log_count_axes, page, png, text_table
 from hashdist.stats import t_interval
 
 COMPARISON_MARKER = "hashdist-comparison"
@@ -210,12 +210,14 @@ def plots(comparison: dict, occupancy: dict) -> dict[str, str]:
         figs["bit_length"] = fig
 
     fig, ax = plt.subplots(figsize=(5, 4))
+    x_max = y_max = 1
     for name, runs in occupancy.items():
         for t, sizes in enumerate(runs):
-            ax.plot(*rank_size_steps(sizes), drawstyle="steps-post", color=colours[name],
-                    label=None if t else name)
-    ax.set(xscale="log", yscale="log", xlabel="distinct codes, most used first", ylabel="database items with the code",
-           title="code occupancy")
+            ranks, counts = rank_size_steps(sizes)
+            ax.plot(ranks, counts, drawstyle="steps-post", color=colours[name], label=None if t else name)
+            x_max, y_max = max(x_max, ranks[-1]), max(y_max, counts[0])
+    log_count_axes(ax, x_max, y_max)
+    ax.set(xlabel="distinct codes, most used first", ylabel="database items with the code", title="code occupancy")
     ax.legend(fontsize=7)
     figs["code_occupancy"] = fig
 

@@ -20,7 +20,7 @@ from hashdist.codeusage import rank_size_steps
 from hashdist.errors import InputError
 from hashdist.metrics.conventions import BY_NAME
 from hashdist.metrics.registry import FIELD_LABELS, MEASURES, POLICIES, lookup
-from hashdist.render import fmt, html_figure, html_table, page, png, text_table
+from hashdist.render import fmt, html_figure, html_table, log_count_axes, page, png, text_table
 
 __all__ = ["format_table", "render_html", "tables", "write_outputs"]
 
@@ -228,12 +228,11 @@ def plots(report: dict, per_query: dict, bucket_sizes: np.ndarray) -> dict[str, 
     figs["map_interval"] = fig
 
     fig, ax = plt.subplots(figsize=(5, 4))
-    # the rank-size steps, one point per run of equal bucket sizes (not one per distinct code); each axis spans
-    # at least a decade, so that it has two labelled ticks (a database of distinct codes has sizes 1 only)
+    # the rank-size steps, one point per run of equal bucket sizes (not one per distinct code)
     ranks, sizes = rank_size_steps(bucket_sizes)
     ax.plot(ranks, sizes, drawstyle="steps-post")
-    ax.set(xlim=(0.8, max(12, 1.25 * ranks[-1])), ylim=(0.8, max(12, 1.25 * sizes[0])))
-    ax.set(xscale="log", yscale="log", xlabel="distinct codes, most used first", ylabel="database items with the code",
+    log_count_axes(ax, ranks[-1], sizes[0])
+    ax.set(xlabel="distinct codes, most used first", ylabel="database items with the code",
            title=f"code usage: {int(np.asarray(bucket_sizes)[:, 1].sum())} distinct codes")
     figs["code_usage"] = fig
 

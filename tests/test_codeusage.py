@@ -55,3 +55,24 @@ def test_bucket_sizes_merge_over_any_split_and_give_the_rank_size_curve():
     descending = np.sort(counts)[::-1]
     # each step's size is the count of the code at that rank (1-based), and the last rank is past the end
     assert np.array_equal(descending[ranks[:-1] - 1], sizes[:-1]) and ranks[-1] == len(counts) + 1
+
+
+def test_code_usage_plot_axes_span_a_decade_with_power_of_ten_labels():
+    """A database of distinct codes (every bucket size 1) still gets two labelled decades on each log axis,
+    labelled 10 with a superscript exponent."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from hashdist.render import log_count_axes, png
+
+    ranks, sizes = rank_size_steps(bucket_sizes(np.ones(5, dtype=np.int64)))
+    fig, ax = plt.subplots()
+    ax.plot(ranks, sizes, drawstyle="steps-post")
+    log_count_axes(ax, ranks[-1], sizes[0])
+    assert png(fig)
+    for axis, (lo, hi) in ((ax.xaxis, ax.get_xlim()), (ax.yaxis, ax.get_ylim())):
+        labels = [t.get_text() for t in axis.get_ticklabels() if lo <= t.get_position()[axis is ax.yaxis] <= hi]
+        assert labels[:2] == ["10\u2070", "10\u00b9"], labels
+    plt.close(fig)

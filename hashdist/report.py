@@ -215,7 +215,8 @@ def plots(report: dict, per_query: dict, bucket_sizes: np.ndarray) -> dict[str, 
 
     fig, ax = plt.subplots(figsize=(5, 4))
     ap = per_query["ap/expected"][evaluated]
-    ax.hist(ap[~np.isnan(ap)], bins=40, range=(0, 1))
+    counts, edges = np.histogram(ap[~np.isnan(ap)], bins=40, range=(0, 1))
+    ax.stairs(counts, edges, fill=True)  # one artist, where ax.hist draws a patch per bar (0.06 s more)
     ax.set(xlabel="AP (expected over tie orders)", ylabel="queries", title="AP distribution")
     figs["ap_distribution"] = fig
 

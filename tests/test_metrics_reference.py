@@ -707,6 +707,35 @@ def test_fused_and_two_phase_distance_counts_match_bruteforce(monkeypatch, fused
     assert np.array_equal(_call_histogram("explicit", nbits, qw, dw, lists, 2), want)
 
 
+@pytest.mark.parametrize("nbits,concepts", [(1, 64), (12, 5), (64, 70)])
+def test_multilabel_grouped_by_label_rows_matches_bruteforce(monkeypatch, nbits, concepts):
+    """Multi-label blocks of one-word codes whose label rows recur (a few label sets, heavy distance ties) are
+    counted over runs of equal label rows (whatever this CPU would pick): every item (MIN_RUN 1), runs of 8 or
+    more and the rest by the cell kernel, or none."""
+    monkeypatch.setattr(histogram, "_fused_distance_counts", lambda: True)
+    monkeypatch.setattr(histogram, "MIN_GROUPED_PAIRS", 0)
+    rng = np.random.default_rng(nbits + concepts)
+    Q, N, max_grade = 257, 800, 3  # 257 queries: the grouped route, and a last partial tile
+    base = rng.integers(0, 2, (3, nbits))
+    qbits = base[rng.integers(0, 3, Q)] ^ (rng.random((Q, nbits)) < 0.05)
+    dbbits = base[rng.integers(0, 3, N)] ^ (rng.random((N, nbits)) < 0.05)
+    dm = (rng.random((12, concepts)) < 0.3)[rng.integers(0, 12, N)]  # 12 label sets, runs of about 50 items
+    dm[rng.random(N) < 0.3] = rng.random(concepts) < 0.3  # a 13th
+    dm[: N // 5] = rng.random((N // 5, concepts)) < 0.3  # and items with label rows of their own
+    qm = rng.random((Q, concepts)) < 0.3
+    qw, dw = ref.pack_bits_reference(qbits), ref.pack_bits_reference(dbbits)
+    ql, dl = ref.pack_bits_reference(qm), ref.pack_bits_reference(dm)
+    assert histogram._labels_recur(dl)
+    grouped, _, run_labels, rest = histogram._label_runs(dl)
+    assert len(grouped) > N / 2 and len(rest) > 0 and len(run_labels) > 1
+    want = ref.histograms_bruteforce(ref.hamming_bruteforce(qbits, dbbits), ref.grades_multilabel(qm, dm, max_grade),
+                                     nbits, max_grade + 1)
+    for min_run in (1, histogram.MIN_RUN, N + 1):
+        monkeypatch.setattr(histogram, "MIN_RUN", min_run)
+        got = histogram_block(qw, dw, nbits, "multilabel", ql, dl, max_grade=max_grade)
+        assert np.array_equal(got, want), min_run
+
+
 @pytest.mark.parametrize("nbits", [1, 64, 65, 130])
 def test_pack_bits_matches_reference_packing(nbits):
     from hashdist.bits import pack_bits, unpack_bits

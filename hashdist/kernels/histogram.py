@@ -12,6 +12,11 @@ Distance-only counts of one-word codes on AMD Zen 1-3 CPUs (no vector popcount, 
 POPCNTs per cycle) take one fused scalar loop instead (POPCNT and the increment per item, a
 constant table stride).
 
+Multi-label blocks of one-word codes whose label rows recur (the presets' Zipf-distributed
+concepts give 8,000 to 25,000 distinct rows per 262,144 items) are grouped by label row on the same CPUs: within
+a run of equal rows each query's grade is fixed, so a fused loop counts the run's
+distances at a per-run offset, and only items in short runs go through the cell kernel.
+
 Class labels with few relevant pairs take a cheaper route: distances of all items
 are counted without grades (small joint tables), the block is grouped by label so
 each query's same-label items form one run, and grade 1 is counted over those runs
@@ -41,8 +46,24 @@ MAX_JOINT_CELLS = 258**2  # largest joint table per query pair (B=128 class, B=2
 MAX_UNROLLED_WORDS = 8
 MAX_BLOCK_ROWS = 2**31 - 1  # a tile counts into int32 tables
 MAX_RELEVANT_FRACTION = 0.2  # class split: at most this share of same-label pairs...
-MIN_SPLIT_QUERIES = 256  # ...and enough queries to pay for grouping the block by label
+MIN_SPLIT_QUERIES = 256  # ...and enough queries to pay for grouping the block by label (class or multi-label)
+MIN_RUN = 8  # multi-label: items sharing a label row that the grouped kernel counts as one run...
+MIN_GROUPED_PAIRS = 1 << 27  # ...in blocks of this many pairs or more (~0.1 s; smaller ones gain less than
+# the kernel costs to load, or on a first run to compile: about 1.2 s)...
+LABEL_SAMPLE = 4096  # ...when, in a strided sample of this many of the block's label rows,
+MIN_RECURRING_SHARE = 0.5  # at least this share of the rows recur (grouping then pays for its sort)
 FUSED_STRIDE = 65  # row length of a fused kernel's joint tables: every distance of one-word codes
+
+
+def _distance_terms(words: int, items: str) -> tuple[str, str, str]:
+    """Source pieces of a pair's Hamming distance: query t's code (format with t), the database items
+    ``items`` (a slice) as c, and the distance of query t to item j of c (format with t)."""
+    if words:
+        code = "; ".join(f"a{{t}}_{w} = qc[k{{t}}, {w}]" for w in range(words))
+        item = "; ".join(f"c{w} = dc[{w}, {items}]" for w in range(words))
+        dist = " + ".join(f"popcount64(a{{t}}_{w} ^ c{w}[j])" for w in range(words))
+        return code, item, dist
+    return "a{t} = qc[k{t}]", f"c = dc[{items}]", "hamming(a{t}, c[j])"
 
 
 def _kernel_source(kind: str, words: int, label_words: int, joint: bool, top: int, fused: bool) -> str:
@@ -63,12 +84,7 @@ def _kernel_source(kind: str, words: int, label_words: int, joint: bool, top: in
     over tables of constant stride FUSED_STRIDE: a run-time stride there costs a
     multiplication per cell (a third of the throughput).
     """
-    if words:
-        code = "; ".join(f"a{{t}}_{w} = qc[k{{t}}, {w}]" for w in range(words))
-        item = "; ".join(f"c{w} = dc[{w}, j0 : j0 + C]" for w in range(words))
-        dist = " + ".join(f"popcount64(a{{t}}_{w} ^ c{w}[j])" for w in range(words))
-    else:
-        code, item, dist = "a{t} = qc[k{t}]", "c = dc[j0 : j0 + C]", "hamming(a{t}, c[j])"
+    code, item, dist = _distance_terms(words, "j0 : j0 + C")
     if kind == "multilabel" and label_words:
         label = "; ".join(f"l{{t}}_{w} = qr[k{{t}}, {w}]" for w in range(label_words))
         item_label = "; ".join(f"r{w} = dr[{w}, j0 : j0 + C]" for w in range(label_words))
@@ -137,6 +153,47 @@ def kernel(qc, qr, dc, dr, H, segments, grades, ncols, J, m, cells):
 """
 
 
+def _grouped_source() -> str:
+    """Source of the multi-label kernel for one-word codes over runs of items with equal label rows.
+
+    ``dc`` holds the runs' items word-major, run i being items ``run_starts[i]:run_starts[i + 1]``
+    with label row ``run_labels[i]`` (see :func:`_label_runs`). Within a run each query's grade is
+    fixed, so its cell offset (query slot + grade row) is computed once per run and the items' loop
+    only counts distances: one POPCNT and one increment per pair, as the fused kernel. The counters are
+    indexed by unsigned integers: a signed index costs a negative-index check per increment (a third
+    of the throughput here) unless every term of it is a constant of the source. J (TILE slots of
+    ``grades * nbd`` int32 counts) is zero on entry and on exit.
+    """
+    code, item, dist = _distance_terms(1, ":")
+
+    def per_query(fmt, indent):
+        return "\n".join(" " * indent + fmt.format(t=t) for t in range(TILE))
+
+    return f"""
+def kernel(qc, qr, dc, run_labels, run_starts, H, grades, ncols, J):
+    nbd = H.shape[1] // ncols
+    ncell = grades * nbd
+    Q = qc.shape[0]
+    {item}
+    for q in range(0, Q, {TILE}):
+{per_query("k{t} = min(q + {t}, Q - 1)", 8)}
+{per_query(code, 8)}
+{per_query("l{t} = qr[k{t}]", 8)}
+        for i in range(run_labels.shape[0]):
+            r = run_labels[i]
+{per_query("o{t} = np.uint64({t} * ncell + min(common_bits(l{t}, r), grades - 1) * nbd)", 12)}
+            for j in range(run_starts[i], run_starts[i + 1]):
+{per_query("J[o{t} + np.uint64(" + dist + ")] += 1", 16)}
+        for t in range({TILE}):
+            for g in range(grades):
+                for d in range(nbd):
+                    x = t * ncell + g * nbd + d
+                    if t < Q - q:
+                        H[q + t, d * ncols + g] += J[x]
+                    J[x] = 0
+"""
+
+
 _MODULE_HEADER = """\
 # generated by hashdist.kernels.histogram; safe to delete
 import numpy as np
@@ -153,13 +210,13 @@ def _kernel_module_dir() -> Path:
     return default_cache_dir() / "kernels"
 
 
-def _compile(*key):
-    """Write the kernel's source to a module file (named by its digest) and import it.
+def _compile(kernel_source: str):
+    """Write a kernel's source to a module file (named by its digest) and import it.
 
     A real file lets numba's on-disk cache keep the compiled kernel between processes;
     if the directory is not writable (and holds no copy) the kernel is compiled in memory instead.
     """
-    source = _MODULE_HEADER + "\n\n@cached_njit(nogil=True, boundscheck=False)" + _kernel_source(*key)
+    source = _MODULE_HEADER + "\n\n@cached_njit(nogil=True, boundscheck=False)" + kernel_source
     name = "hashdist_kernel_" + hashlib.sha256(source.encode()).hexdigest()[:20]
     try:
         directory = _kernel_module_dir()
@@ -180,9 +237,10 @@ def _compile(*key):
         return namespace["kernel"]
 
 
-# numba target CPUs (LLVM's names) on which the fused kernel counts one-word distances faster: AMD Zen 1-3
-# have no vector popcount (LLVM counts bits in vectors by byte-table lookups) and retire four scalar
-# POPCNTs per cycle, where Intel cores retire one. Measured on znver3 only; elsewhere the two-phase kernel.
+# numba target CPUs (LLVM's names) on which scalar kernels count one-word distances faster (the fused kernel,
+# and the grouped one for multi-label blocks): AMD Zen 1-3 have no vector popcount (LLVM counts bits in
+# vectors by byte-table lookups) and retire four scalar POPCNTs per cycle, where Intel cores retire one.
+# Measured on znver3 only; elsewhere the two-phase kernel.
 FUSED_CPUS = frozenset({"znver1", "znver2", "znver3"})
 
 
@@ -199,12 +257,20 @@ _KERNELS: dict = {}
 _COMPILE_LOCK = threading.Lock()
 
 
-def _kernel(kind: str, words: int, label_words: int, joint: bool, top: int, fused: bool):
-    key = (kind, words, label_words, joint, top, fused)
+def _loaded(key: tuple, source):
+    """The kernel of ``source(*key[1:])``, compiled (or loaded from numba's cache) once per process."""
     with _COMPILE_LOCK:
         if key not in _KERNELS:
-            _KERNELS[key] = _compile(*key)
+            _KERNELS[key] = _compile(source(*key[1:]))
     return _KERNELS[key]
+
+
+def _kernel(kind: str, words: int, label_words: int, joint: bool, top: int, fused: bool):
+    return _loaded(("cells", kind, words, label_words, joint, top, fused), _kernel_source)
+
+
+def _grouped_kernel():
+    return _loaded(("grouped",), _grouped_source)
 
 
 @cached_njit(nogil=True)
@@ -311,6 +377,54 @@ def _class_split(qc, ql, items, dl, words, nbits):
     return H
 
 
+def _equal_row_runs(rows):
+    """Rows sorted (lexicographically; ties in any order): (order, first position of each run of equal
+    rows, run lengths)."""
+    order = np.argsort(rows[:, 0]) if rows.shape[1] == 1 else np.lexsort(rows.T[::-1])
+    ordered = rows[order]
+    new = np.ones(len(rows), dtype=bool)
+    new[1:] = (ordered[1:] != ordered[:-1]).any(axis=1)
+    first = np.flatnonzero(new)
+    return order, first, np.diff(np.append(first, len(rows)))
+
+
+def _labels_recur(labels) -> bool:
+    """Whether most label rows of a strided sample of the block recur within the sample."""
+    sample = labels[:: max(1, len(labels) // LABEL_SAMPLE)]
+    _, _, lengths = _equal_row_runs(sample)
+    return lengths[lengths > 1].sum() >= MIN_RECURRING_SHARE * len(sample)
+
+
+def _label_runs(labels):
+    """Items grouped by label row: (items in runs of at least MIN_RUN equal rows, in run order; run starts
+    in that list; the runs' label rows; the other items)."""
+    order, first, lengths = _equal_row_runs(labels)
+    long = lengths >= MIN_RUN
+    in_long = np.repeat(long, lengths)
+    starts = np.zeros(int(long.sum()) + 1, dtype=np.int64)
+    np.cumsum(lengths[long], out=starts[1:])
+    return order[in_long], starts, np.ascontiguousarray(labels[order[first[long]]]), order[~in_long]
+
+
+def _multilabel_grouped(qc, qr, items, dr, grades, nbits):
+    """Multi-label histograms of one-word codes with the block grouped by label row: runs of MIN_RUN or
+    more equal rows by the grouped kernel (a grade per run and query, then distance counts), the other
+    items by the cell kernel."""
+    Q = qc.shape[0]
+    H = np.zeros((Q, nbits + 1, grades), dtype=np.int64)
+    flat = H.reshape(Q, (nbits + 1) * grades)
+    grouped, starts, run_labels, rest = _label_runs(dr)
+    if len(grouped):
+        J = np.zeros(TILE * grades * (nbits + 1), dtype=np.int32)
+        _grouped_kernel()(qc, qr, np.take(items, grouped, axis=1), run_labels, starts, flat, grades, grades, J)
+    if len(rest):
+        label_words = qr.shape[1] if qr.shape[1] <= MAX_UNROLLED_WORDS else 0
+        rest_labels = np.ascontiguousarray(dr[rest].T if label_words else dr[rest])
+        _count(qc, qr, np.take(items, rest, axis=1), rest_labels, flat, (0, Q, 0, len(rest)), "multilabel", 1,
+               label_words, grades, grades, nbits)
+    return H
+
+
 def histogram_block(
     query_codes: np.ndarray,
     db_codes: np.ndarray,
@@ -343,6 +457,9 @@ def histogram_block(
     elif kind == "multilabel":
         qr = np.ascontiguousarray(query_rel, dtype=np.uint64)
         dr = np.ascontiguousarray(db_rel, dtype=np.uint64)
+        if words == 1 and _fused_distance_counts() and qc.shape[0] >= MIN_SPLIT_QUERIES \
+                and qc.shape[0] * dc.shape[0] >= MIN_GROUPED_PAIRS and _labels_recur(dr):
+            return _multilabel_grouped(qc, qr, items, dr, ncols, nbits)
         if qr.shape[1] <= MAX_UNROLLED_WORDS:
             label_words, dr = qr.shape[1], np.ascontiguousarray(dr.T)  # word-major
     elif kind == "explicit":

@@ -28,9 +28,10 @@ from hashdist.kernels.histogram import _as_int32_labels, histogram_block, n_grad
 from hashdist.kernels.popcount import popcount64
 
 # Collapse when the database block has at most this share of distinct (code, label) rows. Measured with
-# bench/collapse.py (1 thread, 1,000 distinct queries x 262,144 items, so only the database collapses): the
-# weighted kernel does ~1.2e9 pairs/s against the tuned kernel's ~2e9 (B=64 class), and the collapsed path
-# breaks even near U/N = 1/2 and is 2.0x (class and multi-label B=64) to 2.3x (class B=128) faster at 1/4.
+# bench/collapse.py (1 thread, 1,000 distinct queries, so only the database collapses): the weighted kernel
+# does about half the tuned kernel's pairs/s (B=64 class), and the collapsed path breaks even near U/N = 1/2
+# (class B=64; 1.35-1.5x there for multi-label B=64 and class B=128) and is 2.0x (class B=64) to 2.7-2.9x
+# (multi-label B=64, class B=128) faster at 1/4 (`--quick`, 65,536 items).
 COLLAPSE_FRACTION = 1 / 4
 # With few queries the fixed cost of counting the block's distinct rows (~28 ns a row, as much as ~34
 # weighted pairs) matters: collapsing pays while N * 34 + Q * U < Q * N * WEIGHTED_TO_TUNED (in weighted
@@ -295,7 +296,7 @@ def weighted_histogram(qc, qrel, db: DistinctRows, nbits: int, kind: str, max_gr
     if qc.shape[0] == 0 or db.counts.shape[0] == 0:
         return H
     dc = np.ascontiguousarray(db.codes.T)
-    cells = np.empty((_TILE, _CHUNK), dtype=np.int64)
+    cells = np.empty((_TILE, _CHUNK), dtype=np.uint32)  # unsigned: no negative-index check per increment
     if kind == "class":
         ql, dl = _as_int32_labels(qrel, db.labels)
         _weighted_class(qc, ql, dc, dl, db.counts, H, cells)

@@ -13,9 +13,10 @@ POPCNTs per cycle) take one fused scalar loop instead (POPCNT and the increment 
 constant table stride).
 
 Multi-label blocks of one-word codes whose label rows recur (the presets' Zipf-distributed
-concepts give 8,000 to 25,000 distinct rows per 262,144 items) are grouped by label row on the same CPUs: within
-a run of equal rows each query's grade is fixed, so a fused loop counts the run's
-distances at a per-run offset, and only items in short runs go through the cell kernel.
+concepts give 7,900 to 25,000 distinct rows per 262,144 items) are grouped by label row
+on the same CPUs: within a run of equal rows each query's grade is fixed, so a fused loop
+counts the run's distances at a per-run offset, and only items in short runs go through
+the cell kernel.
 
 Class labels with few relevant pairs take a cheaper route: distances of all items
 are counted without grades (small joint tables), the block is grouped by label so

@@ -458,7 +458,7 @@ def histogram_block(
     elif kind == "multilabel":
         qr = np.ascontiguousarray(query_rel, dtype=np.uint64)
         dr = np.ascontiguousarray(db_rel, dtype=np.uint64)
-        if words == 1 and _fused_distance_counts() and qc.shape[0] >= MIN_SPLIT_QUERIES \
+        if words == 1 and dr.shape[1] and _fused_distance_counts() and qc.shape[0] >= MIN_SPLIT_QUERIES \
                 and qc.shape[0] * dc.shape[0] >= MIN_GROUPED_PAIRS and _labels_recur(dr):
             return _multilabel_grouped(qc, qr, items, dr, ncols, nbits)
         if qr.shape[1] <= MAX_UNROLLED_WORDS:

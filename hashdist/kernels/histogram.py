@@ -154,7 +154,7 @@ def kernel(qc, qr, dc, dr, H, segments, grades, ncols, J, m, cells):
 """
 
 
-def _grouped_source() -> str:
+def _grouped_source(label_words: int) -> str:
     """Source of the multi-label kernel for one-word codes over runs of items with equal label rows.
 
     ``dc`` holds the runs' items word-major, run i being items ``run_starts[i]:run_starts[i + 1]``
@@ -163,9 +163,15 @@ def _grouped_source() -> str:
     only counts distances: one POPCNT and one increment per pair, as the fused kernel. The counters are
     indexed by unsigned integers: a signed index costs a negative-index check per increment (a third
     of the throughput here) unless every term of it is a constant of the source. J (TILE slots of
-    ``grades * nbd`` int32 counts) is zero on entry and on exit.
+    ``grades * nbd`` int32 counts) is zero on entry and on exit. ``label_words`` in 1..MAX_UNROLLED_WORDS
+    unrolls the label words (the kernel then compiles in about half the time); 0 loops over each row.
     """
     code, item, dist = _distance_terms(1, ":")
+    if label_words:
+        label = "; ".join(f"l{{t}}_{w} = qr[k{{t}}, {w}]" for w in range(label_words))
+        common = " + ".join(f"popcount64(l{{t}}_{w} & r[{w}])" for w in range(label_words))
+    else:
+        label, common = "l{t} = qr[k{t}]", "common_bits(l{t}, r)"
 
     def per_query(fmt, indent):
         return "\n".join(" " * indent + fmt.format(t=t) for t in range(TILE))
@@ -179,10 +185,10 @@ def kernel(qc, qr, dc, run_labels, run_starts, H, grades, ncols, J):
     for q in range(0, Q, {TILE}):
 {per_query("k{t} = min(q + {t}, Q - 1)", 8)}
 {per_query(code, 8)}
-{per_query("l{t} = qr[k{t}]", 8)}
+{per_query(label, 8)}
         for i in range(run_labels.shape[0]):
             r = run_labels[i]
-{per_query("o{t} = np.uint64({t} * ncell + min(common_bits(l{t}, r), grades - 1) * nbd)", 12)}
+{per_query("o{t} = np.uint64({t} * ncell + min(" + common + ", grades - 1) * nbd)", 12)}
             for j in range(run_starts[i], run_starts[i + 1]):
 {per_query("J[o{t} + np.uint64(" + dist + ")] += 1", 16)}
         for t in range({TILE}):
@@ -270,8 +276,8 @@ def _kernel(kind: str, words: int, label_words: int, joint: bool, top: int, fuse
     return _loaded(("cells", kind, words, label_words, joint, top, fused), _kernel_source)
 
 
-def _grouped_kernel():
-    return _loaded(("grouped",), _grouped_source)
+def _grouped_kernel(label_words: int):
+    return _loaded(("grouped", label_words), _grouped_source)
 
 
 @cached_njit(nogil=True)
@@ -415,11 +421,12 @@ def _multilabel_grouped(qc, qr, items, dr, grades, nbits):
     H = np.zeros((Q, nbits + 1, grades), dtype=np.int64)
     flat = H.reshape(Q, (nbits + 1) * grades)
     grouped, starts, run_labels, rest = _label_runs(dr)
+    label_words = qr.shape[1] if qr.shape[1] <= MAX_UNROLLED_WORDS else 0
     if len(grouped):
         J = np.zeros(TILE * grades * (nbits + 1), dtype=np.int32)
-        _grouped_kernel()(qc, qr, np.take(items, grouped, axis=1), run_labels, starts, flat, grades, grades, J)
+        kernel = _grouped_kernel(label_words)
+        kernel(qc, qr, np.take(items, grouped, axis=1), run_labels, starts, flat, grades, grades, J)
     if len(rest):
-        label_words = qr.shape[1] if qr.shape[1] <= MAX_UNROLLED_WORDS else 0
         rest_labels = np.ascontiguousarray(dr[rest].T if label_words else dr[rest])
         _count(qc, qr, np.take(items, rest, axis=1), rest_labels, flat, (0, Q, 0, len(rest)), "multilabel", 1,
                label_words, grades, grades, nbits)

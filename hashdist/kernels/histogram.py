@@ -413,15 +413,14 @@ def _label_runs(labels):
     return order[in_long], starts, np.ascontiguousarray(labels[order[first[long]]]), order[~in_long]
 
 
-def _multilabel_grouped(qc, qr, items, dr, grades, nbits):
+def _multilabel_grouped(qc, qr, items, dr, label_words, grades, nbits):
     """Multi-label histograms of one-word codes with the block grouped by label row: runs of MIN_RUN or
     more equal rows by the grouped kernel (a grade per run and query, then distance counts), the other
-    items by the cell kernel."""
+    items by the cell kernel. ``label_words``: the cell kernel's (0 for rows it loops over)."""
     Q = qc.shape[0]
     H = np.zeros((Q, nbits + 1, grades), dtype=np.int64)
     flat = H.reshape(Q, (nbits + 1) * grades)
     grouped, starts, run_labels, rest = _label_runs(dr)
-    label_words = qr.shape[1] if qr.shape[1] <= MAX_UNROLLED_WORDS else 0
     if len(grouped):
         J = np.zeros(TILE * grades * (nbits + 1), dtype=np.int32)
         kernel = _grouped_kernel(label_words)
@@ -465,11 +464,12 @@ def histogram_block(
     elif kind == "multilabel":
         qr = np.ascontiguousarray(query_rel, dtype=np.uint64)
         dr = np.ascontiguousarray(db_rel, dtype=np.uint64)
+        label_words = qr.shape[1] if qr.shape[1] <= MAX_UNROLLED_WORDS else 0
         if words == 1 and dr.shape[1] and _fused_distance_counts() and qc.shape[0] >= MIN_SPLIT_QUERIES \
                 and qc.shape[0] * dc.shape[0] >= MIN_GROUPED_PAIRS and _labels_recur(dr):
-            return _multilabel_grouped(qc, qr, items, dr, ncols, nbits)
-        if qr.shape[1] <= MAX_UNROLLED_WORDS:
-            label_words, dr = qr.shape[1], np.ascontiguousarray(dr.T)  # word-major
+            return _multilabel_grouped(qc, qr, items, dr, label_words, ncols, nbits)
+        if label_words:
+            dr = np.ascontiguousarray(dr.T)  # word-major
     elif kind == "explicit":
         grades = 1
         qr = np.zeros(qc.shape[0], dtype=np.int32)

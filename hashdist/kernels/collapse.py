@@ -36,6 +36,8 @@ COLLAPSE_FRACTION = 1 / 4
 # With few queries the fixed cost of counting the block's distinct rows (~28 ns a row, as much as ~34
 # weighted pairs) matters: collapsing pays while N * 34 + Q * U < Q * N * WEIGHTED_TO_TUNED (in weighted
 # pairs), so the limit is U <= N * min(COLLAPSE_FRACTION, WEIGHTED_TO_TUNED - COUNT_COST_PAIRS / Q).
+# (The count has cost about 15 ns a row since its table holds ids only, 2026-11-23: 34 now overstates it,
+# so blocks with under ~100 queries collapse a little less often than they could; not re-derived yet.)
 WEIGHTED_TO_TUNED = 0.55  # the weighted kernel's pairs/s over the tuned kernel's (0.5-0.6 measured)
 COUNT_COST_PAIRS = 34
 MIN_COLLAPSE_ITEMS = 1024
@@ -102,59 +104,52 @@ def _row_hash(codes, labels, i):
 def _distinct_ids(codes, labels, max_distinct, first, counts, inverse):
     """Give each row the id of its (code, label) row, ids in order of first occurrence.
 
-    Open addressing (linear probing) in a table whose rows hold a key (code words, label words)
-    and its id + 1 (0: empty): one cache line per probe. The table grows with the distinct count,
-    so it stays in cache when rows repeat. Fills first[u] (the first row with id u), counts[u]
-    and inverse[i]; returns (U, rows scanned). Stops after the row that makes U exceed max_distinct.
+    Open addressing (linear probing) in a table of ids + 1 (0: empty); a slot's row is compared
+    through ``first``, so the table holds 8 bytes a slot whatever the row's width. It grows 4x
+    at a load of 1/4 (fewer second probes, so fewer mispredicted branches), re-inserting
+    first[0:U]; it stays in cache when rows repeat. Fills first[u] (the first row with id u),
+    counts[u] and inverse[i]; returns (U, rows scanned). Stops after the row that makes U
+    exceed max_distinct.
     """
     n = codes.shape[0]
     W, L = codes.shape[1], labels.shape[1]
-    K = W + L + 1
     size, bits = _MIN_TABLE, _MIN_TABLE_BITS
     mask, shift = np.uint64(size - 1), np.uint64(64 - bits)
-    table = np.zeros((size, K), dtype=np.uint64)
+    table = np.zeros(size, dtype=np.int64)
     u = 0
     for i in range(n):
         slot = _row_hash(codes, labels, i) >> shift  # the hash's top bits
         while True:
-            e = table[slot]
-            id1 = e[K - 1]
+            id1 = table[slot]
             if id1 == 0:
-                for w in range(W):
-                    e[w] = codes[i, w]
-                for w in range(L):
-                    e[W + w] = labels[i, w]
-                e[K - 1] = u + 1
+                table[slot] = u + 1
                 first[u] = i
                 counts[u] = 1
                 inverse[i] = u
                 u += 1
                 break
+            r = first[id1 - 1]
             eq = True  # no early exit: branch-free is faster here
             for w in range(W):
-                eq &= e[w] == codes[i, w]
+                eq &= codes[r, w] == codes[i, w]
             for w in range(L):
-                eq &= e[W + w] == labels[i, w]
+                eq &= labels[r, w] == labels[i, w]
             if eq:
-                j = np.int64(id1) - 1
-                counts[j] += 1
-                inverse[i] = j
+                counts[id1 - 1] += 1
+                inverse[i] = id1 - 1
                 break
             slot = (slot + np.uint64(1)) & mask
         if u > max_distinct:
             return u, i + 1
-        if 4 * u > size:  # keep the load at most 1/4: fewer second probes (mispredicted branches)
-            old = table
+        if 4 * u > size:
             size, bits = size * 4, bits + 2
             mask, shift = np.uint64(size - 1), np.uint64(64 - bits)
-            table = np.zeros((size, K), dtype=np.uint64)
-            for k in range(old.shape[0]):
-                if old[k, K - 1] != 0:
-                    slot = _row_hash(old[:, :W], old[:, W : K - 1], k) >> shift
-                    while table[slot, K - 1] != 0:
-                        slot = (slot + np.uint64(1)) & mask
-                    for w in range(K):  # (not table[slot] = old[k]: its error path takes seconds to compile)
-                        table[slot, w] = old[k, w]
+            table = np.zeros(size, dtype=np.int64)
+            for k in range(u):
+                slot = _row_hash(codes, labels, first[k]) >> shift
+                while table[slot] != 0:
+                    slot = (slot + np.uint64(1)) & mask
+                table[slot] = k + 1
     return u, n
 
 

@@ -36,8 +36,6 @@ COLLAPSE_FRACTION = 1 / 4
 # With few queries the fixed cost of counting the block's distinct rows (~28 ns a row, as much as ~34
 # weighted pairs) matters: collapsing pays while N * 34 + Q * U < Q * N * WEIGHTED_TO_TUNED (in weighted
 # pairs), so the limit is U <= N * min(COLLAPSE_FRACTION, WEIGHTED_TO_TUNED - COUNT_COST_PAIRS / Q).
-# (The count has cost about 15 ns a row since its table holds ids only, 2026-11-23: 34 now overstates it,
-# so blocks with under ~100 queries collapse a little less often than they could; not re-derived yet.)
 WEIGHTED_TO_TUNED = 0.55  # the weighted kernel's pairs/s over the tuned kernel's (0.5-0.6 measured)
 COUNT_COST_PAIRS = 34
 MIN_COLLAPSE_ITEMS = 1024
@@ -100,19 +98,28 @@ def _row_hash(codes, labels, i):
     return h
 
 
+@njit(nogil=True, inline="always")
+def _key_hash(keys, k):
+    """_row_hash of a row kept in ``keys`` (its code words then its label words)."""
+    h = np.uint64(0)
+    for w in range(keys.shape[1]):
+        h = (h ^ keys[k, w]) * _MULTIPLIER
+    return h
+
+
 @cached_njit(nogil=True, boundscheck=False)
 def _distinct_ids(codes, labels, max_distinct, first, counts, inverse):
     """Give each row the id of its (code, label) row, ids in order of first occurrence.
 
-    Open addressing (linear probing) in a table of ids + 1 (0: empty); a slot's row is compared
-    through ``first``, so the table holds 8 bytes a slot whatever the row's width. It grows 4x
-    at a load of 1/4 (fewer second probes, so fewer mispredicted branches), re-inserting
-    first[0:U]; it stays in cache when rows repeat. Fills first[u] (the first row with id u),
-    counts[u] and inverse[i]; returns (U, rows scanned). Stops after the row that makes U
-    exceed max_distinct.
+    Open addressing (linear probing) in a table of ids + 1 (0: empty), 8 bytes a slot; each
+    distinct row is kept once, in id order, in ``keys``, where a probe compares it. The table
+    grows 4x at a load of 1/4 (fewer second probes, so fewer mispredicted branches) by
+    re-inserting the ids from ``keys``. Fills first[u] (the first row with id u), counts[u] and
+    inverse[i]; returns (U, rows scanned). Stops after the row that makes U exceed max_distinct.
     """
     n = codes.shape[0]
     W, L = codes.shape[1], labels.shape[1]
+    keys = np.empty((first.shape[0], W + L), dtype=np.uint64)
     size, bits = _MIN_TABLE, _MIN_TABLE_BITS
     mask, shift = np.uint64(size - 1), np.uint64(64 - bits)
     table = np.zeros(size, dtype=np.int64)
@@ -123,17 +130,20 @@ def _distinct_ids(codes, labels, max_distinct, first, counts, inverse):
             id1 = table[slot]
             if id1 == 0:
                 table[slot] = u + 1
+                for w in range(W):
+                    keys[u, w] = codes[i, w]
+                for w in range(L):
+                    keys[u, W + w] = labels[i, w]
                 first[u] = i
                 counts[u] = 1
                 inverse[i] = u
                 u += 1
                 break
-            r = first[id1 - 1]
             eq = True  # no early exit: branch-free is faster here
             for w in range(W):
-                eq &= codes[r, w] == codes[i, w]
+                eq &= keys[id1 - 1, w] == codes[i, w]
             for w in range(L):
-                eq &= labels[r, w] == labels[i, w]
+                eq &= keys[id1 - 1, W + w] == labels[i, w]
             if eq:
                 counts[id1 - 1] += 1
                 inverse[i] = id1 - 1
@@ -146,7 +156,7 @@ def _distinct_ids(codes, labels, max_distinct, first, counts, inverse):
             mask, shift = np.uint64(size - 1), np.uint64(64 - bits)
             table = np.zeros(size, dtype=np.int64)
             for k in range(u):
-                slot = _row_hash(codes, labels, first[k]) >> shift
+                slot = _key_hash(keys, k) >> shift
                 while table[slot] != 0:
                     slot = (slot + np.uint64(1)) & mask
                 table[slot] = k + 1

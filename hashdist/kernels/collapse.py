@@ -100,7 +100,8 @@ def _row_hash(codes, labels, i):
 
 @njit(nogil=True, inline="always")
 def _key_hash(keys, k):
-    """_row_hash of a row kept in ``keys`` (its code words then its label words)."""
+    """_row_hash of a row kept in ``keys`` (its code words then its label words). Not _row_hash(keys, an empty
+    label array, k): the count then ran 8-15% slower and compiled slower (2026-11-23)."""
     h = np.uint64(0)
     for w in range(keys.shape[1]):
         h = (h ^ keys[k, w]) * _MULTIPLIER

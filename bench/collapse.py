@@ -12,7 +12,9 @@ Prints a markdown report:
 2. random distinct codes, same sizes: the decision rule keeps the tuned kernel;
 3. the threshold: ``histogram_block`` against the always-collapsed path at distinct fractions 1/64 .. 1/2
    (random distinct queries, so only the database collapses), B = 64 and 128, class and multi-label;
-4. ``distinct_rows`` on 262,144 rows against numpy's ``unique(axis=0)``.
+4. the same at few queries (32 to 128), class B = 64 (where collapsing gains least), beside the rule's limit:
+   where the cost of counting the block's distinct rows decides, and what ``COUNT_COST_PAIRS`` is fitted to;
+5. ``distinct_rows`` on 262,144 rows against numpy's ``unique(axis=0)``.
 
 Times are the best of 3 in thread CPU time (``time.thread_time``): everything runs single-threaded in
 this thread (NUMBA_NUM_THREADS=1), and CPU time is not inflated by other processes on a shared machine;
@@ -137,6 +139,29 @@ def sweep_rows(n, fractions):
     return rows
 
 
+FEW_QUERIES = (32, 48, 64, 80, 100, 128)
+FEW_QUERY_FRACTIONS = (1 / 32, 1 / 16, 1 / 12, 1 / 8, 1 / 6, 1 / 4)
+
+
+def few_queries_rows(n):
+    """histogram_block time / always-collapsed time at few queries, class B = 64, and the rule's limit."""
+    rng = np.random.default_rng(3)
+    rows = []
+    for q in FEW_QUERIES:
+        qc, ql = rng.integers(0, 2**63, (q, 1), dtype=np.uint64), rng.integers(0, 10, q)
+        cells = []
+        for f in FEW_QUERY_FRACTIONS:
+            u = max(1, int(n * f))
+            pool = rng.integers(0, 2**63, (u, 1), dtype=np.uint64)
+            idx = rng.permutation(np.arange(n) % u)
+            dc, dl = pool[idx], rng.integers(0, 10, u)[idx]
+            _, t_cpu, _ = timed(histogram_block, qc, dc, 64, "class", ql, dl)
+            _, c_cpu, _ = timed(collapsed_histogram_block, qc, dc, 64, "class", ql, dl)
+            cells.append(f"{t_cpu / c_cpu:.2f}")
+        rows.append(f"| {q} | " + " | ".join(cells) + f" | {collapse.collapse_limit(n, q) / n:.3f} |")
+    return rows
+
+
 def distinct_timing_rows(dc, dl, rc, rl, n):
     rows = []
     for name, codes, labels in (("collision data", dc[:n], dl[:n]), ("random distinct codes", rc[:n], rl[:n])):
@@ -185,6 +210,12 @@ def main(argv=None):
             "| kind | " + " | ".join(f"U/N = 1/{round(1 / f)}" for f in fractions) + " |",
             "| --- |" + " --- |" * len(fractions)]
     out += sweep_rows(n, fractions)
+    print("[bench/collapse] few queries ...", file=sys.stderr)
+    out += ["", f"## Few queries: the same ratio, class B = 64, random distinct queries x {n:,} items, and the "
+            "rule's limit (collapse up to U/N)", "",
+            "| queries | " + " | ".join(f"U/N = 1/{round(1 / f)}" for f in FEW_QUERY_FRACTIONS) + " | limit U/N |",
+            "| --- |" + " --- |" * (len(FEW_QUERY_FRACTIONS) + 1)]
+    out += few_queries_rows(n)
     print("[bench/collapse] distinct_rows ...", file=sys.stderr)
     out += ["", "## distinct_rows, 64-bit codes + class labels", "",
             "| data | rows | distinct | distinct_rows ms | numpy unique(axis=0) ms |",

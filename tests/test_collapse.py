@@ -224,8 +224,9 @@ def test_decision_counts_when_the_sample_is_unsure():
 
 def test_collapse_limit():
     assert collapse.collapse_limit(1000, 0) == 0
-    assert collapse.collapse_limit(1000, 61) == 0  # counting the block costs more than it saves
-    assert 0 < collapse.collapse_limit(100_000, 64) < 0.03 * 100_000
+    assert collapse.collapse_limit(1000, 40) == 0  # counting the block costs more than it saves
+    assert 0 < collapse.collapse_limit(100_000, 48) < 0.1 * 100_000  # collapsing pays up to ~1/12 (bench)
+    assert 0.15 * 100_000 < collapse.collapse_limit(100_000, 64) < 0.25 * 100_000  # ~1/5 to 1/4
     assert collapse.collapse_limit(100_000, 2048) == 100_000 * collapse.COLLAPSE_FRACTION
     limits = [collapse.collapse_limit(100_000, q) for q in range(1, 3000, 7)]
     assert limits == sorted(limits)
@@ -233,7 +234,7 @@ def test_collapse_limit():
 
 def test_decision_limits():
     rng = np.random.default_rng(7)
-    qc, ql, dc, dl = _data(rng, 61, 5000, 64, "class", True)
+    qc, ql, dc, dl = _data(rng, 40, 5000, 64, "class", True)
     _, info = should_collapse(len(qc), dc, dl, "class")
     assert not info.collapsed and info.decided_by == "small"
     rows, info = should_collapse(200, dc, dl, "class")

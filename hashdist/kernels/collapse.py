@@ -33,11 +33,15 @@ from hashdist.kernels.popcount import popcount64
 # (class B=64; 1.35-1.5x there for multi-label B=64 and class B=128) and is 2.0x (class B=64) to 2.7-2.9x
 # (multi-label B=64, class B=128) faster at 1/4 (`--quick`, 65,536 items).
 COLLAPSE_FRACTION = 1 / 4
-# With few queries the fixed cost of counting the block's distinct rows (~28 ns a row, as much as ~34
-# weighted pairs) matters: collapsing pays while N * 34 + Q * U < Q * N * WEIGHTED_TO_TUNED (in weighted
-# pairs), so the limit is U <= N * min(COLLAPSE_FRACTION, WEIGHTED_TO_TUNED - COUNT_COST_PAIRS / Q).
-WEIGHTED_TO_TUNED = 0.55  # the weighted kernel's pairs/s over the tuned kernel's (0.5-0.6 measured)
-COUNT_COST_PAIRS = 34
+# With few queries the fixed cost of counting the block's distinct rows matters: collapsing pays while
+# N * COUNT_COST_PAIRS + Q * U < Q * N * WEIGHTED_TO_TUNED (in weighted pairs), so the limit is
+# U <= N * min(COLLAPSE_FRACTION, WEIGHTED_TO_TUNED - COUNT_COST_PAIRS / Q).
+WEIGHTED_TO_TUNED = 0.55  # the weighted kernel's pairs/s over the tuned kernel's (0.5-0.6 measured at 1,000 queries)
+# Fitted to where collapsing starts to pay at 32 to 128 queries (bench/collapse.py's few-queries table at
+# 262,144 items, the engine's block; class B = 64, where collapsing gains least): 1/32 of the rows distinct at
+# 32 queries, 1/12 at 48, 1/5 to 1/4 at 64. The count alone costs about 25 ns a row there (~33 weighted
+# pairs), but at so few queries the weighted kernel runs at ~0.8 of the tuned kernel's pairs/s, not 0.55.
+COUNT_COST_PAIRS = 22
 MIN_COLLAPSE_ITEMS = 1024
 SAMPLE_FACTOR = 8  # rows sampled per sqrt(items) before counting a block's distinct rows
 COLLAPSIBLE_KINDS = ("class", "multilabel")
@@ -376,7 +380,7 @@ def should_collapse(n_queries: int, db_codes, db_rel, kind: str) -> tuple[Distin
 
     Collapses class or multi-label blocks of at least MIN_COLLAPSE_ITEMS items whose distinct (code, label)
     rows are at most :func:`collapse_limit` (COLLAPSE_FRACTION of the items with enough queries, less with
-    few; none below ~COUNT_COST_PAIRS / WEIGHTED_TO_TUNED = 62 queries). The distinct rows returned are
+    few; none below ~COUNT_COST_PAIRS / WEIGHTED_TO_TUNED = 40 queries). The distinct rows returned are
     reused by the collapsed path. Two steps keep blocks that do not collapse cheap:
 
     - a sample of s ~ SAMPLE_FACTOR * sqrt(N) rows: at most F N distinct rows among N give the sample

@@ -39,7 +39,7 @@ COLLAPSE_FRACTION = 1 / 4
 WEIGHTED_TO_TUNED = 0.55  # the weighted kernel's pairs/s over the tuned kernel's (0.5-0.6 measured at 1,000 queries)
 # Fitted to where collapsing starts to pay at 32 to 128 queries (bench/collapse.py's few-queries table at
 # 262,144 items, the engine's block; class B = 64, where collapsing gains least): 1/32 of the rows distinct at
-# 32 queries, 1/12 at 48, 1/5 to 1/4 at 64. The count alone costs about 25 ns a row there (~33 weighted
+# 32 queries, 1/12 to 1/8 at 48, 1/5 to 1/4 at 64. The count alone costs about 25 ns a row there (~33 weighted
 # pairs), but at so few queries the weighted kernel runs at ~0.8 of the tuned kernel's pairs/s, not 0.55.
 COUNT_COST_PAIRS = 22
 MIN_COLLAPSE_ITEMS = 1024

@@ -113,6 +113,21 @@ def compare_rows(qc, ql, dc, dl, sizes, name):
     return rows
 
 
+def pooled_codes(rng, n, fraction, words):
+    """n codes drawn from a pool of n * fraction random codes, repeats scattered: (pool size, codes, pool index)."""
+    u = max(1, int(n * fraction))
+    pool = rng.integers(0, 2**63, (u, words), dtype=np.uint64)
+    idx = rng.permutation(np.arange(n) % u)
+    return u, pool[idx], idx
+
+
+def tuned_over_collapsed(qc, dc, nbits, kind, ql, dl, max_grade=1) -> str:
+    """histogram_block's CPU time over the always-collapsed path's, formatted."""
+    _, t_cpu, _ = timed(histogram_block, qc, dc, nbits, kind, ql, dl, max_grade=max_grade)
+    _, c_cpu, _ = timed(collapsed_histogram_block, qc, dc, nbits, kind, ql, dl, max_grade=max_grade)
+    return f"{t_cpu / c_cpu:.2f}"
+
+
 def sweep_rows(n, fractions):
     rng = np.random.default_rng(1)
     rows = []
@@ -121,9 +136,7 @@ def sweep_rows(n, fractions):
         qc = rng.integers(0, 2**63, (N_QUERIES, w), dtype=np.uint64)
         cells = []
         for f in fractions:
-            u = max(1, int(n * f))
-            pool = rng.integers(0, 2**63, (u, w), dtype=np.uint64)
-            idx = rng.permutation(np.arange(n) % u)
+            u, dc, idx = pooled_codes(rng, n, f, w)
             if kind == "class":
                 ql, dl, max_grade = rng.integers(0, 10, N_QUERIES), rng.integers(0, 10, u)[idx], 1
             else:  # sparse 24-concept multi-hot rows, grades up to 5
@@ -131,10 +144,7 @@ def sweep_rows(n, fractions):
                     return rng.integers(0, 2**24, (m, 1), dtype=np.uint64) & rng.integers(0, 2**24, (m, 1),
                                                                                           dtype=np.uint64)
                 ql, dl, max_grade = hot(N_QUERIES), hot(u)[idx], 5
-            dc = pool[idx]
-            _, t_cpu, _ = timed(histogram_block, qc, dc, nbits, kind, ql, dl, max_grade=max_grade)
-            _, c_cpu, _ = timed(collapsed_histogram_block, qc, dc, nbits, kind, ql, dl, max_grade=max_grade)
-            cells.append(f"{t_cpu / c_cpu:.2f}")
+            cells.append(tuned_over_collapsed(qc, dc, nbits, kind, ql, dl, max_grade))
         rows.append(f"| {kind}, B={nbits} | " + " | ".join(cells) + " |")
     return rows
 
@@ -151,13 +161,8 @@ def few_queries_rows(n):
         qc, ql = rng.integers(0, 2**63, (q, 1), dtype=np.uint64), rng.integers(0, 10, q)
         cells = []
         for f in FEW_QUERY_FRACTIONS:
-            u = max(1, int(n * f))
-            pool = rng.integers(0, 2**63, (u, 1), dtype=np.uint64)
-            idx = rng.permutation(np.arange(n) % u)
-            dc, dl = pool[idx], rng.integers(0, 10, u)[idx]
-            _, t_cpu, _ = timed(histogram_block, qc, dc, 64, "class", ql, dl)
-            _, c_cpu, _ = timed(collapsed_histogram_block, qc, dc, 64, "class", ql, dl)
-            cells.append(f"{t_cpu / c_cpu:.2f}")
+            u, dc, idx = pooled_codes(rng, n, f, 1)
+            cells.append(tuned_over_collapsed(qc, dc, 64, "class", ql, rng.integers(0, 10, u)[idx]))
         rows.append(f"| {q} | " + " | ".join(cells) + f" | {collapse.collapse_limit(n, q) / n:.3f} |")
     return rows
 

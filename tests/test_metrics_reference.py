@@ -688,9 +688,10 @@ def test_histogram_block_bruteforce_and_chunk_invariance(data, split_seed):
 
 
 @pytest.mark.parametrize("fused", [False, True])
-@pytest.mark.parametrize("nbits", [12, 64])
+@pytest.mark.parametrize("nbits", [12, 64, 100, 128, 256])
 def test_fused_and_two_phase_distance_counts_match_bruteforce(monkeypatch, fused, nbits):
-    """Distance-only counts (class split, explicit) by each kernel in turn, whatever this CPU would pick."""
+    """Distance-only counts (class split, explicit) by each kernel in turn, whatever this CPU would pick: codes
+    of one, two and four words, a last partial tile of queries (300) and same-label runs of about 10 queries."""
     monkeypatch.setattr(histogram, "_fused_distance_counts", lambda: fused)
     rng = np.random.default_rng(nbits)
     Q, N = 300, 700  # 300 queries: the class-split route

@@ -8,9 +8,10 @@ counts at those cells, one slot after another so consecutive increments rarely h
 the same counter. When the cells of two queries fit in a small joint table, a slot
 counts a pair of queries jointly (one increment per item for two queries) and the
 table's row and column sums become their histograms. No distance matrix is formed.
-Distance-only counts of one-word codes on AMD Zen 1-3 CPUs (no vector popcount, four scalar
-POPCNTs per cycle) take one fused scalar loop instead (POPCNT and the increment per item, a
-constant table stride).
+Distance-only counts of codes of up to four words on AMD Zen 1-3 CPUs (no vector popcount,
+four scalar POPCNTs per cycle) take one fused scalar loop instead: 8 or 16 queries a pass,
+each item's words loaded once for all of them, and per pair scalar POPCNTs and an increment at
+a constant stride.
 
 Multi-label blocks of one-word codes whose label rows recur (the presets' Zipf-distributed
 concepts give 7,900 to 25,000 distinct rows per 262,144 items) are grouped by label row
@@ -53,7 +54,8 @@ MIN_GROUPED_PAIRS = 1 << 27  # ...in blocks of this many pairs or more (~0.1 s; 
 # the kernel costs to load, or on a first run to compile: about 1.2 s)...
 LABEL_SAMPLE = 4096  # ...when, in a strided sample of this many of the block's label rows,
 MIN_RECURRING_SHARE = 0.5  # at least this share of the rows recur (grouping then pays for its sort)
-FUSED_STRIDE = 65  # row length of a fused kernel's joint tables: every distance of one-word codes
+FUSED_TILES = (8, 16)  # queries a pass of the fused distance-count kernel for one-word codes, and longer ones...
+MAX_FUSED_WORDS = 4  # ...of up to this many words (measured at 1, 2 and 4)
 
 
 def _distance_terms(words: int, items: str) -> tuple[str, str, str]:
@@ -67,7 +69,15 @@ def _distance_terms(words: int, items: str) -> tuple[str, str, str]:
     return "a{t} = qc[k{t}]", f"c = dc[{items}]", "hamming(a{t}, c[j])"
 
 
-def _kernel_source(kind: str, words: int, label_words: int, joint: bool, top: int, fused: bool) -> str:
+def _loaded_distance_terms(words: int) -> tuple[str, str]:
+    """For loops that increment counters as they go: the item j's words loaded once into x0, x1, ..., and
+    query t's distance to them (format with t). Indexing c{w}[j] in each query's term instead reloads the
+    words after every increment (numba cannot rule out that J aliases the codes): 6-9% of the throughput."""
+    load = "; ".join(f"x{w} = c{w}[j]" for w in range(words))
+    return load, " + ".join(f"popcount64(a{{t}}_{w} ^ x{w})" for w in range(words))
+
+
+def _kernel_source(kind: str, words: int, label_words: int, joint: bool, top: int) -> str:
     """Source of one kernel; ``grades`` grades are counted into H's ``ncols`` grade columns (run-time arguments).
 
     The kernel adds, for each row (q0, q1, d0, d1) of ``segments``, the histograms of
@@ -81,9 +91,6 @@ def _kernel_source(kind: str, words: int, label_words: int, joint: bool, top: in
     ``joint`` pairs queries (2s, 2s + 1) in slot s of ncell * ncell counts, else each
     query has a slot of ncell counts. ``top`` caps the labels in common of "multilabel" kernels
     (grades - 1): a constant of the source, as a run-time cap costs 4% of their throughput.
-    ``fused`` (kind "none", one word, joint) increments in the loop that computes the distances,
-    over tables of constant stride FUSED_STRIDE: a run-time stride there costs a
-    multiplication per cell (a third of the throughput).
     """
     code, item, dist = _distance_terms(words, "j0 : j0 + C")
     if kind == "multilabel" and label_words:
@@ -119,20 +126,14 @@ def _kernel_source(kind: str, words: int, label_words: int, joint: bool, top: in
         sums = """                for u in range(ncell):
                     m[s, u] = J[s * span + u]
                     J[s * span + u] = 0"""
-    if fused:
-        phases = "                for j in range(C):\n" + "\n".join(
-            f"                    J[{s} * span + {cells[s]}] += 1" for s in range(slots))
-    else:
-        fill = "\n".join(f"""                cs = cells[{s}]
+    fill = "\n".join(f"""                cs = cells[{s}]
                 for j in range(C):
                     cs[j] = {s} * span + {cells[s]}""" for s in range(slots))
-        count = "\n".join(f"                    J[cells[{s}, j]] += 1" for s in range(slots))
-        phases = f"{fill}\n                for j in range(C):\n{count}"
-    ncell = FUSED_STRIDE if fused else "grades * nbd"
+    count = "\n".join(f"                    J[cells[{s}, j]] += 1" for s in range(slots))
     return f"""
 def kernel(qc, qr, dc, dr, H, segments, grades, ncols, J, m, cells):
     nbd = H.shape[1] // ncols
-    ncell = {ncell}
+    ncell = grades * nbd
     span = {span}
     for i in range(segments.shape[0]):
         q0, q1, d0, d1 = segments[i, 0], segments[i, 1], segments[i, 2], segments[i, 3]
@@ -144,7 +145,9 @@ def kernel(qc, qr, dc, dr, H, segments, grades, ncols, J, m, cells):
                 C = min({CHUNK}, d1 - j0)
                 {item}
                 {item_label}
-{phases}
+{fill}
+                for j in range(C):
+{count}
             for s in range({slots}):
 {sums}
             for t in range(min({TILE}, q1 - q)):
@@ -152,6 +155,48 @@ def kernel(qc, qr, dc, dr, H, segments, grades, ncols, J, m, cells):
                     for d in range(nbd):
                         H[q + t, d * ncols + g] += m[t, g * nbd + d]
 """
+
+
+def _fused_source(words: int) -> str:
+    """Source of the distance-only kernel (grade 0) for codes of ``words`` in 1..MAX_FUSED_WORDS words.
+
+    For each row (q0, q1, d0, d1) of ``segments``, :func:`_fused_tile` queries at a time, one loop over the items
+    computes the queries' distances with scalar POPCNT and increments each query's row of J at once. The
+    rows have 64 * words + 1 int32 counts, a constant of the source, and the index is unsigned: a run-time
+    row length costs a multiplication per pair, a signed index a negative-index check per increment. A
+    last partial tile repeats its last query and drops the copies' counts. J is zero on entry and on exit.
+    """
+    code, item, _ = _distance_terms(words, "d0:d1")
+    load, dist = _loaded_distance_terms(words)
+    stride, tile = 64 * words + 1, _fused_tile(words)
+
+    def per_query(fmt, indent):
+        return "\n".join(" " * indent + fmt.format(t=t) for t in range(tile))
+
+    return f"""
+def kernel(qc, dc, H, segments, ncols, J):
+    nbd = H.shape[1] // ncols
+    for i in range(segments.shape[0]):
+        q0, q1, d0, d1 = segments[i, 0], segments[i, 1], segments[i, 2], segments[i, 3]
+        {item}
+        for q in range(q0, q1, {tile}):
+{per_query("k{t} = min(q + {t}, q1 - 1)", 12)}
+{per_query(code, 12)}
+            for j in range(d1 - d0):
+                {load}
+{per_query("J[np.uint64({t} * " + str(stride) + ") + np.uint64(" + dist + ")] += 1", 16)}
+            for t in range({tile}):
+                for d in range(nbd):
+                    if t < q1 - q:
+                        H[q + t, d * ncols] += J[t * {stride} + d]
+                    J[t * {stride} + d] = 0
+"""
+
+
+def _fused_tile(words: int) -> int:
+    """Queries a pass of the fused kernel. On znver3 (1,024 x 262,144 clustered codes), one word: 8 queries
+    3.0e9 pairs/s, 16 2.85e9; two words: 16 1.77e9, 8 1.65e9; four: 16 and 8 0.8e9."""
+    return FUSED_TILES[words > 1]
 
 
 def _grouped_source(label_words: int) -> str:
@@ -166,7 +211,8 @@ def _grouped_source(label_words: int) -> str:
     ``grades * nbd`` int32 counts) is zero on entry and on exit. ``label_words`` in 1..MAX_UNROLLED_WORDS
     unrolls the label words (the kernel then compiles in about half the time); 0 loops over each row.
     """
-    code, item, dist = _distance_terms(1, ":")
+    code, item, _ = _distance_terms(1, ":")
+    load, dist = _loaded_distance_terms(1)
     if label_words:
         label = "; ".join(f"l{{t}}_{w} = qr[k{{t}}, {w}]" for w in range(label_words))
         common = " + ".join(f"popcount64(l{{t}}_{w} & r[{w}])" for w in range(label_words))
@@ -190,6 +236,7 @@ def kernel(qc, qr, dc, run_labels, run_starts, H, grades, ncols, J):
             r = run_labels[i]
 {per_query("o{t} = np.uint64({t} * ncell + min(" + common + ", grades - 1) * nbd)", 12)}
             for j in range(run_starts[i], run_starts[i + 1]):
+                {load}
 {per_query("J[o{t} + np.uint64(" + dist + ")] += 1", 16)}
         for t in range({TILE}):
             for g in range(grades):
@@ -244,9 +291,9 @@ def _compile(kernel_source: str):
         return namespace["kernel"]
 
 
-# numba target CPUs (LLVM's names) on which scalar kernels count one-word distances faster (the fused kernel,
-# and the grouped one for multi-label blocks): AMD Zen 1-3 have no vector popcount (LLVM counts bits in
-# vectors by byte-table lookups) and retire four scalar POPCNTs per cycle, where Intel cores retire one.
+# numba target CPUs (LLVM's names) on which scalar kernels count distances faster (the fused kernel, and the
+# grouped one for multi-label blocks of one-word codes): AMD Zen 1-3 have no vector popcount (LLVM counts bits
+# in vectors by byte-table lookups) and retire four scalar POPCNTs per cycle, where Intel cores retire one.
 # Measured on znver3 only; elsewhere the two-phase kernel.
 FUSED_CPUS = frozenset({"znver1", "znver2", "znver3"})
 
@@ -272,8 +319,12 @@ def _loaded(key: tuple, source):
     return _KERNELS[key]
 
 
-def _kernel(kind: str, words: int, label_words: int, joint: bool, top: int, fused: bool):
-    return _loaded(("cells", kind, words, label_words, joint, top, fused), _kernel_source)
+def _kernel(kind: str, words: int, label_words: int, joint: bool, top: int):
+    return _loaded(("cells", kind, words, label_words, joint, top), _kernel_source)
+
+
+def _fused_kernel(words: int):
+    return _loaded(("fused", words), _fused_source)
 
 
 def _grouped_kernel(label_words: int):
@@ -339,16 +390,19 @@ def _count(qc, qr, items, dr, flat, segments, kind, words, label_words, grades, 
     """Add the histograms of segments (q0, q1, d0, d1) to ``flat``."""
     segments = np.array(segments, dtype=np.int64).reshape(-1, 4)
     segments = segments[(segments[:, 1] > segments[:, 0]) & (segments[:, 3] > segments[:, 2])]
-    if len(segments):
-        fused = kind == "none" and words == 1 and _fused_distance_counts()
-        ncell = FUSED_STRIDE if fused else grades * (nbits + 1)
-        joint = ncell**2 <= MAX_JOINT_CELLS
-        slots, span = (TILE // 2, ncell * ncell) if joint else (TILE, ncell)
-        J, m = np.zeros(slots * span, np.int32), np.empty((TILE, ncell), np.int64)
-        cells = np.empty((slots, CHUNK), np.uint32)
-        top = grades - 1 if kind == "multilabel" else 0
-        kernel = _kernel(kind, words, label_words, joint, top, fused)
-        kernel(qc, qr, items, dr, flat, segments, grades, ncols, J, m, cells)
+    if not len(segments):
+        return
+    if kind == "none" and 1 <= words <= MAX_FUSED_WORDS and _fused_distance_counts():
+        J = np.zeros(_fused_tile(words) * (64 * words + 1), np.int32)
+        _fused_kernel(words)(qc, items, flat, segments, ncols, J)
+        return
+    ncell = grades * (nbits + 1)
+    joint = ncell**2 <= MAX_JOINT_CELLS
+    slots, span = (TILE // 2, ncell * ncell) if joint else (TILE, ncell)
+    J, m = np.zeros(slots * span, np.int32), np.empty((TILE, ncell), np.int64)
+    cells = np.empty((slots, CHUNK), np.uint32)
+    top = grades - 1 if kind == "multilabel" else 0
+    _kernel(kind, words, label_words, joint, top)(qc, qr, items, dr, flat, segments, grades, ncols, J, m, cells)
 
 
 def _class_split(qc, ql, items, dl, words, nbits):

@@ -708,9 +708,9 @@ def test_fused_and_two_phase_distance_counts_match_bruteforce(monkeypatch, fused
     assert np.array_equal(_call_histogram("explicit", nbits, qw, dw, lists, 2), want)
 
 
-@pytest.mark.parametrize("nbits,concepts", [(1, 64), (12, 5), (64, 70), (64, 600)])
+@pytest.mark.parametrize("nbits,concepts", [(1, 64), (12, 5), (64, 70), (64, 600), (100, 5), (128, 70)])
 def test_multilabel_grouped_by_label_rows_matches_bruteforce(monkeypatch, nbits, concepts):
-    """Multi-label blocks of one-word codes whose label rows recur (a few label sets, heavy distance ties) are
+    """Multi-label blocks of one- and two-word codes whose label rows recur (a few label sets, heavy distance ties) are
     counted over runs of equal label rows (whatever this CPU would pick): every item (MIN_RUN 1), runs of 8 or
     more and the rest by the cell kernel, or none."""
     monkeypatch.setattr(histogram, "_fused_distance_counts", lambda: True)

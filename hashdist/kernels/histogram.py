@@ -13,7 +13,7 @@ four scalar POPCNTs per cycle) take one fused scalar loop instead: 8 or 16 queri
 each item's words loaded once for all of them, and per pair scalar POPCNTs and an increment at
 a constant stride.
 
-Multi-label blocks of one-word codes whose label rows recur (the presets' Zipf-distributed
+Multi-label blocks of one- and two-word codes whose label rows recur (the presets' Zipf-distributed
 concepts give 7,900 to 25,000 distinct rows per 262,144 items) are grouped by label row
 on the same CPUs: within a run of equal rows each query's grade is fixed, so a fused loop
 counts the run's distances at a per-run offset, and only items in short runs go through
@@ -56,6 +56,8 @@ LABEL_SAMPLE = 4096  # ...when, in a strided sample of this many of the block's 
 MIN_RECURRING_SHARE = 0.5  # at least this share of the rows recur (grouping then pays for its sort)
 FUSED_TILES = (8, 16)  # queries a pass of the fused distance-count kernel for one-word codes, and longer ones...
 MAX_FUSED_WORDS = 4  # ...of up to this many words (measured at 1, 2 and 4)
+GROUPED_TILES = (4, 8)  # queries a pass of the grouped multi-label kernel for one-word codes, and two-word ones
+MAX_GROUPED_WORDS = 2  # (measured at 1 and 2)
 
 
 def _distance_terms(words: int, items: str) -> tuple[str, str, str]:
@@ -193,26 +195,34 @@ def kernel(qc, dc, H, segments, ncols, J):
 """
 
 
+def _grouped_tile(words: int) -> int:
+    """Queries a pass of the grouped kernel. On znver3 (1,024 x 262,144 clustered codes, the kernel bench's and the
+    flickr1m preset's labels), one word: 4 queries 0.149-0.184 s, 8 0.151-0.188 s; two words: 8 0.232-0.265 s,
+    4 0.262-0.320 s (the cell kernel: 0.320-0.330 s)."""
+    return GROUPED_TILES[words > 1]
+
+
 def _fused_tile(words: int) -> int:
     """Queries a pass of the fused kernel. On znver3 (1,024 x 262,144 clustered codes), one word: 8 queries
     3.0e9 pairs/s, 16 2.85e9; two words: 16 1.77e9, 8 1.65e9; four: 16 and 8 0.8e9."""
     return FUSED_TILES[words > 1]
 
 
-def _grouped_source(label_words: int) -> str:
-    """Source of the multi-label kernel for one-word codes over runs of items with equal label rows.
+def _grouped_source(words: int, label_words: int) -> str:
+    """Source of the multi-label kernel for codes of ``words`` (1 or 2) over runs of items with equal label rows.
 
     ``dc`` holds the runs' items word-major, run i being items ``run_starts[i]:run_starts[i + 1]``
     with label row ``run_labels[i]`` (see :func:`_label_runs`). Within a run each query's grade is
     fixed, so its cell offset (query slot + grade row) is computed once per run and the items' loop
-    only counts distances: one POPCNT and one increment per pair, as the fused kernel. The counters are
+    only counts distances: scalar POPCNTs and one increment per pair, as the fused kernel. The counters are
     indexed by unsigned integers: a signed index costs a negative-index check per increment (a third
-    of the throughput here) unless every term of it is a constant of the source. J (TILE slots of
-    ``grades * nbd`` int32 counts) is zero on entry and on exit. ``label_words`` in 1..MAX_UNROLLED_WORDS
+    of the throughput here) unless every term of it is a constant of the source. J (:func:`_grouped_tile`
+    slots of ``grades * nbd`` int32 counts) is zero on entry and on exit. ``label_words`` in 1..MAX_UNROLLED_WORDS
     unrolls the label words (the kernel then compiles in about half the time); 0 loops over each row.
     """
-    code, item, _ = _distance_terms(1, ":")
-    load, dist = _loaded_distance_terms(1)
+    code, item, _ = _distance_terms(words, ":")
+    load, dist = _loaded_distance_terms(words)
+    tile = _grouped_tile(words)
     if label_words:
         label = "; ".join(f"l{{t}}_{w} = qr[k{{t}}, {w}]" for w in range(label_words))
         common = " + ".join(f"popcount64(l{{t}}_{w} & r[{w}])" for w in range(label_words))
@@ -220,7 +230,7 @@ def _grouped_source(label_words: int) -> str:
         label, common = "l{t} = qr[k{t}]", "common_bits(l{t}, r)"
 
     def per_query(fmt, indent):
-        return "\n".join(" " * indent + fmt.format(t=t) for t in range(TILE))
+        return "\n".join(" " * indent + fmt.format(t=t) for t in range(tile))
 
     return f"""
 def kernel(qc, qr, dc, run_labels, run_starts, H, grades, ncols, J):
@@ -228,7 +238,7 @@ def kernel(qc, qr, dc, run_labels, run_starts, H, grades, ncols, J):
     ncell = grades * nbd
     Q = qc.shape[0]
     {item}
-    for q in range(0, Q, {TILE}):
+    for q in range(0, Q, {tile}):
 {per_query("k{t} = min(q + {t}, Q - 1)", 8)}
 {per_query(code, 8)}
 {per_query(label, 8)}
@@ -238,7 +248,7 @@ def kernel(qc, qr, dc, run_labels, run_starts, H, grades, ncols, J):
             for j in range(run_starts[i], run_starts[i + 1]):
                 {load}
 {per_query("J[o{t} + np.uint64(" + dist + ")] += 1", 16)}
-        for t in range({TILE}):
+        for t in range({tile}):
             for g in range(grades):
                 for d in range(nbd):
                     x = t * ncell + g * nbd + d
@@ -327,8 +337,8 @@ def _fused_kernel(words: int):
     return _loaded(("fused", words), _fused_source)
 
 
-def _grouped_kernel(label_words: int):
-    return _loaded(("grouped", label_words), _grouped_source)
+def _grouped_kernel(words: int, label_words: int):
+    return _loaded(("grouped", words, label_words), _grouped_source)
 
 
 @cached_njit(nogil=True)
@@ -467,8 +477,8 @@ def _label_runs(labels):
     return order[in_long], starts, np.ascontiguousarray(labels[order[first[long]]]), order[~in_long]
 
 
-def _multilabel_grouped(qc, qr, items, dr, label_words, grades, nbits):
-    """Multi-label histograms of one-word codes with the block grouped by label row: runs of MIN_RUN or
+def _multilabel_grouped(qc, qr, items, dr, words, label_words, grades, nbits):
+    """Multi-label histograms with the block grouped by label row: runs of MIN_RUN or
     more equal rows by the grouped kernel (a grade per run and query, then distance counts), the other
     items by the cell kernel. ``label_words``: the cell kernel's (0 for rows it loops over)."""
     Q = qc.shape[0]
@@ -476,13 +486,13 @@ def _multilabel_grouped(qc, qr, items, dr, label_words, grades, nbits):
     flat = H.reshape(Q, (nbits + 1) * grades)
     grouped, starts, run_labels, rest = _label_runs(dr)
     if len(grouped):
-        J = np.zeros(TILE * grades * (nbits + 1), dtype=np.int32)
-        kernel = _grouped_kernel(label_words)
+        J = np.zeros(_grouped_tile(words) * grades * (nbits + 1), dtype=np.int32)
+        kernel = _grouped_kernel(words, label_words)
         kernel(qc, qr, np.take(items, grouped, axis=1), run_labels, starts, flat, grades, grades, J)
     if len(rest):
         rest_labels = np.ascontiguousarray(dr[rest].T if label_words else dr[rest])
-        _count(qc, qr, np.take(items, rest, axis=1), rest_labels, flat, (0, Q, 0, len(rest)), "multilabel", 1,
-               label_words, grades, grades, nbits)
+        _count(qc, qr, np.take(items, rest, axis=1), rest_labels, flat, (0, Q, 0, len(rest)), "multilabel",
+               words, label_words, grades, grades, nbits)
     return H
 
 
@@ -519,9 +529,10 @@ def histogram_block(
         qr = np.ascontiguousarray(query_rel, dtype=np.uint64)
         dr = np.ascontiguousarray(db_rel, dtype=np.uint64)
         label_words = qr.shape[1] if qr.shape[1] <= MAX_UNROLLED_WORDS else 0
-        if words == 1 and dr.shape[1] and _fused_distance_counts() and qc.shape[0] >= MIN_SPLIT_QUERIES \
-                and qc.shape[0] * dc.shape[0] >= MIN_GROUPED_PAIRS and _labels_recur(dr):
-            return _multilabel_grouped(qc, qr, items, dr, label_words, ncols, nbits)
+        if 1 <= words <= MAX_GROUPED_WORDS and dr.shape[1] and _fused_distance_counts() \
+                and qc.shape[0] >= MIN_SPLIT_QUERIES and qc.shape[0] * dc.shape[0] >= MIN_GROUPED_PAIRS \
+                and _labels_recur(dr):
+            return _multilabel_grouped(qc, qr, items, dr, words, label_words, ncols, nbits)
         if label_words:
             dr = np.ascontiguousarray(dr.T)  # word-major
     elif kind == "explicit":

@@ -20,7 +20,7 @@ counts the run's distances at a per-run offset, and only items in short runs go 
 the cell kernel.
 
 Class labels with few relevant pairs take a cheaper route: distances of all items
-are counted without grades (small joint tables), the block is grouped by label so
+are counted without grades (the fused loop, else small joint tables), the block is grouped by label so
 each query's same-label items form one run, and grade 1 is counted over those runs
 only; grade 0 is the difference. Explicit ground truth is applied afterwards as a
 correction: each listed (query, item) pair moves one count from grade 0 to its
@@ -74,7 +74,8 @@ def _distance_terms(words: int, items: str) -> tuple[str, str, str]:
 def _loaded_distance_terms(words: int) -> tuple[str, str]:
     """For loops that increment counters as they go: the item j's words loaded once into x0, x1, ..., and
     query t's distance to them (format with t). Indexing c{w}[j] in each query's term instead reloads the
-    words after every increment (numba cannot rule out that J aliases the codes): 6-9% of the throughput."""
+    words after every increment (numba cannot rule out that J aliases the codes): 6-9% of the grouped kernel's
+    throughput, half of the fused kernel's at B = 128."""
     load = "; ".join(f"x{w} = c{w}[j]" for w in range(words))
     return load, " + ".join(f"popcount64(a{{t}}_{w} ^ x{w})" for w in range(words))
 
@@ -170,7 +171,7 @@ def _fused_source(words: int) -> str:
     """
     code, item, _ = _distance_terms(words, "d0:d1")
     load, dist = _loaded_distance_terms(words)
-    stride, tile = 64 * words + 1, _fused_tile(words)
+    stride, tile = _fused_row_length(words), _fused_tile(words)
 
     def per_query(fmt, indent):
         return "\n".join(" " * indent + fmt.format(t=t) for t in range(tile))
@@ -200,6 +201,11 @@ def _grouped_tile(words: int) -> int:
     flickr1m preset's labels), one word: 4 queries 0.149-0.184 s, 8 0.151-0.188 s; two words: 8 0.232-0.265 s,
     4 0.262-0.320 s (the cell kernel: 0.320-0.330 s)."""
     return GROUPED_TILES[words > 1]
+
+
+def _fused_row_length(words: int) -> int:
+    """Counts per query in the fused kernel: every distance of codes of ``words`` words."""
+    return 64 * words + 1
 
 
 def _fused_tile(words: int) -> int:
@@ -302,7 +308,7 @@ def _compile(kernel_source: str):
 
 
 # numba target CPUs (LLVM's names) on which scalar kernels count distances faster (the fused kernel, and the
-# grouped one for multi-label blocks of one-word codes): AMD Zen 1-3 have no vector popcount (LLVM counts bits
+# grouped one for multi-label blocks): AMD Zen 1-3 have no vector popcount (LLVM counts bits
 # in vectors by byte-table lookups) and retire four scalar POPCNTs per cycle, where Intel cores retire one.
 # Measured on znver3 only; elsewhere the two-phase kernel.
 FUSED_CPUS = frozenset({"znver1", "znver2", "znver3"})
@@ -403,7 +409,7 @@ def _count(qc, qr, items, dr, flat, segments, kind, words, label_words, grades, 
     if not len(segments):
         return
     if kind == "none" and 1 <= words <= MAX_FUSED_WORDS and _fused_distance_counts():
-        J = np.zeros(_fused_tile(words) * (64 * words + 1), np.int32)
+        J = np.zeros(_fused_tile(words) * _fused_row_length(words), np.int32)
         _fused_kernel(words)(qc, items, flat, segments, ncols, J)
         return
     ncell = grades * (nbits + 1)

@@ -79,7 +79,11 @@ def machine() -> dict:
             versions[package] = version(package)
         except PackageNotFoundError:
             versions[package] = None
+    from llvmlite import binding
+
+    # the kernels' routes depend on numba's target CPU (hashdist.kernels.histogram.FUSED_CPUS)
     return {"cpu": model, "cores": os.cpu_count(), "simd": [f for f in SIMD_FLAGS if f in flags],
+            "numba_target": os.environ.get("NUMBA_CPU_NAME") or binding.get_host_cpu_name(),
             "python": platform.python_version(), **versions}
 
 
@@ -110,7 +114,8 @@ def source_line(s: dict) -> str:
 
 
 def machine_line(m: dict) -> str:
-    return (f"{m['cpu']}, {m['cores']} cores, SIMD: {' '.join(m['simd']) or 'none of ' + ' '.join(SIMD_FLAGS)}; "
+    return (f"{m['cpu']}, {m['cores']} cores, SIMD: {' '.join(m['simd']) or 'none of ' + ' '.join(SIMD_FLAGS)}, "
+            f"numba target {m.get('numba_target', 'not recorded')}; "
             f"Python {m['python']}, numba {m['numba']}, prefect {m['prefect']}, numpy {m['numpy']}, "
             f"faiss-cpu {m['faiss-cpu']}")
 

@@ -160,16 +160,7 @@ def run_bit_sliced(kernel, qc, planes, nbits, n_db):
     return H
 
 
-def thread_best_of(fn, repeats=3) -> float:
-    times = []
-    for _ in range(repeats):
-        t = time.thread_time()
-        fn()
-        times.append(time.thread_time() - t)
-    return min(times)
-
-
-def measure(codes, nbits: int, faiss_tiled) -> dict:
+def measure(codes, nbits: int, faiss_tiled, best_of) -> dict:
     """Seconds of faiss, hashdist's distance-only counts, the adder tree and the bit-sliced histogram."""
     db_bits, _, q_bits, _ = codes
     dc, qc = pack_bits(db_bits), pack_bits(q_bits)
@@ -180,10 +171,10 @@ def measure(codes, nbits: int, faiss_tiled) -> dict:
     if not np.array_equal(run_bit_sliced(sliced, qc, planes, nbits, len(dc)), expected):
         raise SystemExit(f"bit-sliced histogram differs from histogram_block at B = {nbits}")
     run_bit_sliced(tree_only, qc[:1], planes, nbits, len(dc))  # compile
-    return {"faiss": faiss_tiled(qc, dc, thread_best_of),
-            "hashdist": thread_best_of(lambda: histogram_block(qc, dc, nbits, "explicit", no_pairs)),
-            "tree": thread_best_of(lambda: run_bit_sliced(tree_only, qc, planes, nbits, len(dc))),
-            "sliced": thread_best_of(lambda: run_bit_sliced(sliced, qc, planes, nbits, len(dc)))}
+    return {"faiss": faiss_tiled(qc, dc, best_of),
+            "hashdist": best_of(lambda: histogram_block(qc, dc, nbits, "explicit", no_pairs)),
+            "tree": best_of(lambda: run_bit_sliced(tree_only, qc, planes, nbits, len(dc))),
+            "sliced": best_of(lambda: run_bit_sliced(sliced, qc, planes, nbits, len(dc)))}
 
 
 def main() -> None:
@@ -202,7 +193,8 @@ def main() -> None:
     print("| --- | --- | --- | --- | --- |")
     rng = np.random.default_rng(0)
     for nbits in (64, 128):
-        seconds = measure(run.clustered_codes(rng, n_db, n_q, nbits), nbits, lambda *a: fixed.faiss_tiled(faiss, *a))
+        seconds = measure(run.clustered_codes(rng, n_db, n_q, nbits), nbits, lambda *a: fixed.faiss_tiled(faiss, *a),
+                          lambda fn, repeats=3: run.best_of(fn, repeats, clock=time.thread_time))
         cells = [f"{s * 1e3:.1f} ms, {n_q * n_db / s:.3g} pairs/s ({s / seconds['faiss']:.2f}x faiss)"
                  for s in seconds.values()]
         print(f"| {nbits} | " + " | ".join(cells) + " |")

@@ -142,6 +142,39 @@ def test_no_process_outlives_the_cli(tmp_path, cli_env, long_dataset, sig):
             proc.kill()
 
 
+def _listening(proc) -> set[str]:
+    """The addresses ``proc`` listens on (TCP)."""
+    try:
+        return {c.laddr.ip for c in proc.net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN}
+    except psutil.Error:
+        return set()
+
+
+def test_the_embedded_run_listens_on_loopback_only(tmp_path, cli_env, long_dataset):
+    """The API server, the Dask scheduler's and the in-process worker's HTTP servers: 127.0.0.1 only."""
+    cmd = [HASHDIST, "evaluate", long_dataset, "--out", str(tmp_path / "report"), "--quiet", "--no-html"]
+    cli = subprocess.Popen(cmd, env=cli_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    own, children = set(), set()
+    try:
+        deadline = time.monotonic() + 300
+        while cli.poll() is None and time.monotonic() < deadline:
+            try:
+                process = psutil.Process(cli.pid)
+                own |= _listening(process)
+                for child in process.children(recursive=True):
+                    children |= _listening(child)
+            except psutil.NoSuchProcess:
+                break
+            time.sleep(0.05)
+        assert cli.wait(timeout=60) == 0
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+            cli.wait(timeout=30)
+    assert own and children, "no listening socket seen while the run computed"
+    assert own | children == {"127.0.0.1"}
+
+
 @pytest.mark.parametrize(("argv", "expected"), [
     (["evaluate", "d.zarr", "--out", "r"], True),
     (["--debug", "evaluate", "d.zarr", "--out", "r", "--engine", "flow"], True),

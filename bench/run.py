@@ -164,12 +164,13 @@ import json, os, resource, sys, time
 from concurrent.futures import ThreadPoolExecutor
 from distributed import LocalCluster
 from flows.evaluate import run_evaluation
+from flows.runtime import embedded_cluster_kwargs
 from hashdist.api import evaluate_local, prepare
 from hashdist.dataset import open_dataset
 from hashdist.kernels.histogram import histogram_block
 
 data, threads = sys.argv[1], os.cpu_count()
-cluster = LocalCluster(n_workers=1, threads_per_worker=threads, processes=False, dashboard_address=None)
+cluster = LocalCluster(**embedded_cluster_kwargs(threads=threads))
 work = lambda t: t["compute_s"] + t["reduce_s"] + t["metrics_s"]
 flow = [run_evaluation(data, cache=False, address=cluster.scheduler_address).report for _ in range(3)][1:]
 local = [evaluate_local(data, cache=False, threads=threads).report for _ in range(3)][1:]

@@ -140,13 +140,17 @@ def _settle(address, cluster_class, cluster_kwargs, workers, threads) -> DaskTas
     if cluster_class:
         with _sigint_kept():  # the runner imports the cluster class's module
             return DaskTaskRunner(cluster_class=cluster_class, cluster_kwargs=cluster_kwargs or {})
-    # threads: the kernels release the GIL, and a thread worker needs no Prefect server of its own; no
-    # dashboard, and the scheduler's and the worker's HTTP servers on free loopback ports (8787 may be another
-    # cluster's; an in-process worker's HTTP server otherwise listens on every interface)
-    kwargs = {"n_workers": workers or 1, "threads_per_worker": threads or os.cpu_count() or 1, "processes": False,
-              "dashboard_address": None, "scheduler_kwargs": {"dashboard_address": "127.0.0.1:0"},
-              "worker_dashboard_address": "127.0.0.1:0"}
-    return DaskTaskRunner(cluster_kwargs={**kwargs, **(cluster_kwargs or {})})
+    return DaskTaskRunner(cluster_kwargs={**embedded_cluster_kwargs(workers, threads), **(cluster_kwargs or {})})
+
+
+def embedded_cluster_kwargs(workers=None, threads=None) -> dict:
+    """``LocalCluster`` arguments of the embedded default: workers of threads (the kernels release the GIL, and
+    a thread worker needs no Prefect server of its own); no dashboard, and the scheduler's and the worker's HTTP
+    servers on free loopback ports (8787 may be another cluster's; an in-process worker's HTTP server otherwise
+    listens on every interface)."""
+    return {"n_workers": workers or 1, "threads_per_worker": threads or os.cpu_count() or 1, "processes": False,
+            "dashboard_address": None, "scheduler_kwargs": {"dashboard_address": "127.0.0.1:0"},
+            "worker_dashboard_address": "127.0.0.1:0"}
 
 
 class EnvironmentTaskRunner(DaskTaskRunner):

@@ -216,15 +216,16 @@ def _start_loopback_cluster(workers: int, threads: int, env: dict):
 
     from distributed import Client
 
+    from flows.runtime import LOOPBACK_DASK_ARGS
+
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     address = f"tcp://127.0.0.1:{port}"
     quiet = dict(env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    procs = [subprocess.Popen([str(BIN / "dask"), "scheduler", "--host", "127.0.0.1", "--port", str(port),
-                               "--no-dashboard"], **quiet)]
-    procs.append(subprocess.Popen([str(BIN / "dask"), "worker", address, "--host", "127.0.0.1", "--nworkers",
-                                   str(workers), "--nthreads", str(threads), "--no-dashboard"], **quiet))
+    procs = [subprocess.Popen([str(BIN / "dask"), "scheduler", *LOOPBACK_DASK_ARGS, "--port", str(port)], **quiet)]
+    procs.append(subprocess.Popen([str(BIN / "dask"), "worker", address, *LOOPBACK_DASK_ARGS, "--nworkers",
+                                   str(workers), "--nthreads", str(threads)], **quiet))
     deadline = time.monotonic() + 60
     while True:
         try:

@@ -88,13 +88,15 @@ def evaluate(ds: Path, out: Path, extra: list[str], others: dict[str, subprocess
 def cluster(port: int, memory_limit: str) -> dict[str, subprocess.Popen]:
     address = f"tcp://127.0.0.1:{port}"
     quiet = dict(stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    procs = {"scheduler": subprocess.Popen([str(BIN / "dask"), "scheduler", "--host", "127.0.0.1", "--port",
-                                            str(port), "--no-dashboard"], **quiet)}
-    for i in range(2):
-        procs[f"worker {i}"] = subprocess.Popen([str(BIN / "dask"), "worker", address, "--host", "127.0.0.1",
-                                                 "--nthreads", "1", "--memory-limit", memory_limit,
-                                                 "--no-dashboard"], **quiet)
     from distributed import Client
+
+    from flows.runtime import LOOPBACK_DASK_ARGS
+
+    procs = {"scheduler": subprocess.Popen([str(BIN / "dask"), "scheduler", *LOOPBACK_DASK_ARGS, "--port", str(port)],
+                                           **quiet)}
+    for i in range(2):
+        procs[f"worker {i}"] = subprocess.Popen([str(BIN / "dask"), "worker", address, *LOOPBACK_DASK_ARGS,
+                                                 "--nthreads", "1", "--memory-limit", memory_limit], **quiet)
 
     deadline = time.monotonic() + 120
     while True:

@@ -13,10 +13,12 @@ threads=${THREADS_PER_WORKER:-1}
 bin=$(dirname "$(command -v dask || echo ./.venv/bin/dask)")
 pids=()
 trap 'kill "${pids[@]}" 2>/dev/null || true; wait' EXIT INT TERM
-"$bin/dask" scheduler --host 127.0.0.1 --port "$port" --no-dashboard &
+# --dashboard-address: the HTTP server that runs even with --no-dashboard, on loopback too
+"$bin/dask" scheduler --host 127.0.0.1 --port "$port" --no-dashboard --dashboard-address 127.0.0.1:0 &
 pids+=($!)
 for _ in $(seq 1 "$workers"); do
-  "$bin/dask" worker "tcp://127.0.0.1:$port" --host 127.0.0.1 --nthreads "$threads" --no-dashboard &
+  "$bin/dask" worker "tcp://127.0.0.1:$port" --host 127.0.0.1 --nthreads "$threads" --no-dashboard \
+    --dashboard-address 127.0.0.1:0 &
   pids+=($!)
 done
 echo "scheduler tcp://127.0.0.1:$port with $workers workers x $threads threads; Ctrl-C to stop" >&2

@@ -143,6 +143,12 @@ def _settle(address, cluster_class, cluster_kwargs, workers, threads) -> DaskTas
     return DaskTaskRunner(cluster_kwargs={**embedded_cluster_kwargs(workers, threads), **(cluster_kwargs or {})})
 
 
+# `dask scheduler` / `dask worker` options that keep every server on 127.0.0.1: --host places the comm port,
+# and the HTTP server (health, metrics) that runs even with --no-dashboard listens on --dashboard-address, which
+# otherwise means every interface
+LOOPBACK_DASK_ARGS = ("--host", "127.0.0.1", "--no-dashboard", "--dashboard-address", "127.0.0.1:0")
+
+
 def embedded_cluster_kwargs(workers=None, threads=None) -> dict:
     """``LocalCluster`` arguments of the embedded default: workers of threads (the kernels release the GIL, and
     a thread worker needs no Prefect server of its own); no dashboard, and the scheduler's and the worker's HTTP

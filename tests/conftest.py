@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 BIN = Path(sys.executable).parent
+ROOT = Path(__file__).resolve().parent.parent  # the repository
 
 # keep test runs quiet and self-contained
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
@@ -64,6 +65,24 @@ def prefect_api():
         yield
 
 
+def listening_sockets(pid: int) -> set[tuple[str, int]]:
+    """The (address, port) pairs process ``pid`` and its descendants listen on (TCP); empty once it has exited."""
+    import psutil
+
+    sockets = set()
+    try:
+        process = psutil.Process(pid)
+        tree = [process, *process.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return sockets
+    for proc in tree:
+        try:
+            sockets |= {c.laddr[:2] for c in proc.net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN}
+        except psutil.Error:
+            pass
+    return sockets
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -75,16 +94,18 @@ def loopback_cluster():
     """`dask scheduler` and two `dask worker` processes on 127.0.0.1, reaching the test Prefect API."""
     from prefect.settings import PREFECT_API_URL
 
+    from flows.runtime import LOOPBACK_DASK_ARGS
+
     port = free_port()
     env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "PREFECT_LOGGING_LEVEL": "WARNING"}
     address = f"tcp://127.0.0.1:{port}"
-    procs = [subprocess.Popen([str(BIN / "dask"), "scheduler", "--host", "127.0.0.1", "--port", str(port),
-                               "--no-dashboard"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+    procs = [subprocess.Popen([str(BIN / "dask"), "scheduler", *LOOPBACK_DASK_ARGS, "--port", str(port)], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
     try:
         for _ in range(2):
-            procs.append(subprocess.Popen([str(BIN / "dask"), "worker", address, "--host", "127.0.0.1",
-                                           "--nthreads", "1", "--no-dashboard"], env=env,
-                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            procs.append(subprocess.Popen([str(BIN / "dask"), "worker", address, *LOOPBACK_DASK_ARGS,
+                                           "--nthreads", "1"], env=env, stdout=subprocess.DEVNULL,
+                                          stderr=subprocess.DEVNULL))
         from distributed import Client
 
         deadline = time.monotonic() + 60

@@ -12,7 +12,7 @@ import psutil
 import pytest
 
 from hashdist.errors import InputError
-from tests.conftest import make_dataset
+from tests.conftest import listening_sockets, make_dataset
 
 HASHDIST = str(Path(sys.executable).parent / "hashdist")
 
@@ -142,37 +142,24 @@ def test_no_process_outlives_the_cli(tmp_path, cli_env, long_dataset, sig):
             proc.kill()
 
 
-def _listening(proc) -> set[str]:
-    """The addresses ``proc`` listens on (TCP)."""
-    try:
-        return {c.laddr.ip for c in proc.net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN}
-    except psutil.Error:
-        return set()
-
-
 def test_the_embedded_run_listens_on_loopback_only(tmp_path, cli_env, long_dataset):
     """The API server, the Dask scheduler's and the in-process worker's HTTP servers: 127.0.0.1 only."""
     cmd = [HASHDIST, "evaluate", long_dataset, "--out", str(tmp_path / "report"), "--quiet", "--no-html"]
     cli = subprocess.Popen(cmd, env=cli_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    own, children = set(), set()
+    seen = []
     try:
         deadline = time.monotonic() + 300
         while cli.poll() is None and time.monotonic() < deadline:
-            try:
-                process = psutil.Process(cli.pid)
-                own |= _listening(process)
-                for child in process.children(recursive=True):
-                    children |= _listening(child)
-            except psutil.NoSuchProcess:
-                break
+            seen.append(listening_sockets(cli.pid))
             time.sleep(0.05)
         assert cli.wait(timeout=60) == 0
     finally:
         if cli.poll() is None:
             cli.kill()
             cli.wait(timeout=30)
-    assert own and children, "no listening socket seen while the run computed"
-    assert own | children == {"127.0.0.1"}
+    # the API server, and while the run computes, the scheduler's and the worker's HTTP servers
+    assert max(map(len, seen), default=0) >= 3, seen
+    assert {address for address, _ in set().union(*seen)} == {"127.0.0.1"}, seen
 
 
 @pytest.mark.parametrize(("argv", "expected"), [

@@ -1,11 +1,16 @@
 """Beyond one process: the reduction on the workers and the distinct codes in parts give the in-process bits."""
 
 import json
+import os
+import signal
+import subprocess
+import time
 
 import numpy as np
 import pytest
 
 from hashdist.api import evaluate_local
+from tests.conftest import BIN, ROOT, free_port, listening_sockets
 
 pytestmark = pytest.mark.usefixtures("prefect_api")
 
@@ -87,3 +92,26 @@ def test_collapsed_blocks_give_the_same_bits_and_report_their_distinct_fraction(
     assert plain.report["blocks"]["collapsed"] == 0
     _same(local, plain)
     _same(run_evaluation(url, cache=False, threads=2, code_parts=3, db_block_rows=4096), local)
+
+
+def test_loopback_cluster_and_deploy_script_listen_on_loopback_only(tmp_path, loopback_cluster):
+    """`dask scheduler` and `dask worker` as tests/conftest.py and deploy/local-cluster.sh start them: every
+    server on 127.0.0.1 (the HTTP server runs even with --no-dashboard)."""
+    _, procs = loopback_cluster
+    sockets = set().union(*(listening_sockets(p.pid) for p in procs))
+    assert len(sockets) >= 5, sockets  # the scheduler's comm and HTTP ports, and each worker's (and nanny's)
+    assert {address for address, _ in sockets} == {"127.0.0.1"}, sockets
+
+    script = subprocess.Popen(["bash", str(ROOT / "deploy" / "local-cluster.sh"), "1", str(free_port())],
+                              env={**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}"}, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline, sockets = time.monotonic() + 120, set()
+        while len(sockets) < 5 and script.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+            sockets = listening_sockets(script.pid)  # scheduler: comm and HTTP; nanny; worker: comm and HTTP
+        assert len(sockets) >= 5, sockets
+        assert {address for address, _ in sockets} == {"127.0.0.1"}, sockets
+    finally:
+        os.killpg(script.pid, signal.SIGTERM)
+        script.wait(timeout=60)

@@ -11,7 +11,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -20,18 +19,13 @@ from pathlib import Path
 
 import pytest
 
-BIN = Path(sys.executable).parent
+from tests.conftest import BIN, free_port, listening_sockets
+
 CORES = min(2, os.cpu_count() or 1)  # each job's threads: what the node has, at most 2
 DAEMONS = ("munged", "slurmctld", "slurmd")
 CLIENTS = ("sinfo", "squeue", "sbatch", "scancel")
 # the daemons live in /usr/sbin, which a non-login PATH may lack
 SEARCH_PATH = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"])
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _which(name: str) -> str | None:
@@ -54,6 +48,8 @@ def _slurm_conf(root: Path, munge_socket: Path, node: str) -> str:
         f"SlurmdPort={free_port()}",
         "SlurmUser=root",
         "SlurmdUser=root",
+        # slurmctld and slurmd on NodeAddr / SlurmctldHost's address (127.0.0.1), not on every address
+        "CommunicationParameters=NoCtldInAddrAny,NoInAddrAny",
         # SLURM 22.05 (Debian 12) has no auth/slurm: munge, through the test's own munged
         "AuthType=auth/munge",
         "CredType=cred/munge",
@@ -93,18 +89,18 @@ def _jobs(env) -> list[str]:
     return out.stdout.splitlines() if out.returncode == 0 else []
 
 
+def _cmdline(pid: int) -> str:
+    """The command line of process ``pid`` ("" once it has exited)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
 def _processes_under(directory: Path) -> list[int]:
     """Processes whose command line names ``directory`` (the batch jobs' workers and their job scripts)."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and int(entry.name) != os.getpid():
-            try:
-                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            except OSError:
-                continue
-            if str(directory) in cmdline:
-                pids.append(int(entry.name))
-    return pids
+    return [int(entry.name) for entry in Path("/proc").iterdir()
+            if entry.name.isdigit() and int(entry.name) != os.getpid() and str(directory) in _cmdline(int(entry.name))]
 
 
 def _stop(procs) -> None:
@@ -166,6 +162,8 @@ def slurm(tmp_path):
             out = subprocess.run([_which("sinfo"), "-h", "-n", "localhost", "-o", "%t"], env=env,
                                  capture_output=True, text=True, timeout=30)
             state = out.stdout.strip()
+        daemons = set().union(*(listening_sockets(p.pid) for p in procs[1:]))
+        assert len(daemons) >= 2 and {address for address, _ in daemons} == {"127.0.0.1"}, daemons
         yield env
     finally:
         try:
@@ -185,12 +183,42 @@ def slurm(tmp_path):
             shutil.rmtree(munge, ignore_errors=True)
 
 
+def _command(dataset, out, *args):
+    return [str(BIN / "hashdist"), "evaluate", str(dataset), "--out", str(out), "--no-html", "--quiet",
+            "--query-block-rows", "64", "--db-block-rows", "1000", *args]
+
+
 def _evaluate(dataset, out, env, *args, cwd=None):
-    cmd = [str(BIN / "hashdist"), "evaluate", str(dataset), "--out", str(out), "--no-html", "--quiet",
-           "--query-block-rows", "64", "--db-block-rows", "1000", *args]
+    cmd = _command(dataset, out, *args)
     done = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, f"{' '.join(cmd)}\nstdout:\n{done.stdout}\nstderr:\n{done.stderr}"
     return json.loads((Path(out) / "report.json").read_text())
+
+
+def _evaluate_on_slurm(dataset, out, env, jobs: Path, *args):
+    """``_evaluate`` in ``jobs``, watching what the CLI and its batch jobs' Dask workers (whose command lines name
+    the test's directory, ``jobs.parent``) listen on: returns the report and the (address, port) pairs seen in
+    the jobs."""
+    cmd = _command(dataset, out, *args)
+    job_sockets = set()
+    with open(jobs.parent / "cli.out", "w+") as output:
+        cli = subprocess.Popen(cmd, env=env, cwd=jobs, stdout=output, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 600
+            while cli.poll() is None and time.monotonic() < deadline:
+                own = listening_sockets(cli.pid)
+                assert {address for address, _ in own} <= {"127.0.0.1"}, own
+                job_sockets |= set().union(*(listening_sockets(pid) for pid in _processes_under(jobs.parent)
+                                             if pid != cli.pid and "dask_worker" in _cmdline(pid)))
+                time.sleep(0.05)
+            returncode = cli.wait(timeout=60)
+        finally:
+            if cli.poll() is None:
+                cli.kill()
+                cli.wait(timeout=30)
+        output.seek(0)
+        assert returncode == 0, f"{' '.join(cmd)}\n{output.read()}"
+    return json.loads((Path(out) / "report.json").read_text()), job_sockets
 
 
 @pytest.fixture(scope="module")
@@ -212,8 +240,10 @@ def _run_env(cli_env, slurm, tmp_path):
             "DASK_LOGGING__DISTRIBUTED": "info"}
 
 
-def _check_slurm_run(report, local, slurm, jobs, threads, scheduler):
+def _check_slurm_run(report, local, slurm, jobs, threads, scheduler, job_sockets):
     assert report["metrics"] == local["metrics"]
+    # the job's nanny and worker: their comm ports and the worker's HTTP server, all on 127.0.0.1
+    assert len(job_sockets) >= 3 and {address for address, _ in job_sockets} == {"127.0.0.1"}, job_sockets
     assert report["engine"]["kind"] == "prefect-dask"
     assert report["blocks"]["computed"] == report["blocks"]["total"] > 1  # computed by the job, not cached
     assert report["engine"]["threads"] == threads  # the job's worker threads, not those there when the run began
@@ -245,13 +275,14 @@ def test_slurm_cluster_from_cluster_kwargs(slurm, tmp_path, cli_env, local_repor
         "python": sys.executable,  # the venv's python runs the worker in the batch job
         "interface": "lo",  # scheduler and worker on 127.0.0.1 only
         "scheduler_options": {"dashboard_address": "127.0.0.1:0"},
+        "worker_extra_args": ["--dashboard-address", "127.0.0.1:0"],  # the worker's HTTP server too
         "local_directory": str(tmp_path / "worker-space"),
         "log_directory": str(jobs),
         "death_timeout": 30,
     }
-    report = _evaluate(dataset, tmp_path / "report", env, "--cluster-class", "dask_jobqueue.SLURMCluster",
-                       "--cluster-kwargs", json.dumps(kwargs), cwd=jobs)
-    _check_slurm_run(report, local, slurm, jobs, threads=CORES, scheduler="tcp://")
+    report, job_sockets = _evaluate_on_slurm(dataset, tmp_path / "report", env, jobs, "--cluster-class",
+                                             "dask_jobqueue.SLURMCluster", "--cluster-kwargs", json.dumps(kwargs))
+    _check_slurm_run(report, local, slurm, jobs, threads=CORES, scheduler="tcp://", job_sockets=job_sockets)
     assert (tmp_path / "worker-space" / "dask-scratch-space").is_dir()
 
 
@@ -286,9 +317,9 @@ def test_slurm_cluster_from_the_shipped_config(slurm, tmp_path, cli_env, local_r
     for role in ("scheduler", "worker", "client"):
         env[f"DASK_DISTRIBUTED__COMM__TLS__{role.upper()}__CERT"] = str(tls / "cert.pem")
         env[f"DASK_DISTRIBUTED__COMM__TLS__{role.upper()}__KEY"] = str(tls / "key.pem")
-    report = _evaluate(dataset, tmp_path / "report", env, "--cluster-class", "dask_jobqueue.SLURMCluster",
-                       "--cluster-kwargs", '{"n_workers": 1}', cwd=jobs)
-    _check_slurm_run(report, local, slurm, jobs, threads=CORES, scheduler="tls://")
+    report, job_sockets = _evaluate_on_slurm(dataset, tmp_path / "report", env, jobs, "--cluster-class",
+                                             "dask_jobqueue.SLURMCluster", "--cluster-kwargs", '{"n_workers": 1}')
+    _check_slurm_run(report, local, slurm, jobs, threads=CORES, scheduler="tls://", job_sockets=job_sockets)
     # local-directory: $TMPDIR, expanded in the job
     assert (tmp_path / "tmp" / "dask-scratch-space").is_dir()
 

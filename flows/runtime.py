@@ -7,8 +7,10 @@ import contextlib
 import gc
 import json
 import logging
+import math
 import os
 import signal
+import socket
 import sys
 import threading
 
@@ -58,7 +60,13 @@ def cluster_threads() -> int:
     threads = client.nthreads()
     planned = len(getattr(client.cluster, "plan", None) or ())  # a SpecCluster's workers, joined or not
     if planned > len(threads):
-        client.wait_for_workers(1)
+        timeout = worker_timeout()
+        try:
+            client.wait_for_workers(1, timeout=timeout)
+        except TimeoutError:
+            raise InputError(f"no worker of the cluster started within {timeout:g} s (its jobs pending or refused: "
+                             "see the batch system's queue and the jobs' logs; $HASHDIST_WORKER_TIMEOUT sets the "
+                             "wait)") from None
         threads = client.nthreads()
         return max(1, sum(threads.values()), planned * max(threads.values(), default=1))
     return max(1, sum(threads.values()))
@@ -102,6 +110,36 @@ def progress_bar(total: int, enabled: bool):
     return tqdm(total=total, unit="block", file=sys.stderr, dynamic_ncols=True)
 
 
+def worker_timeout() -> float:
+    """$HASHDIST_WORKER_TIMEOUT: seconds a run waits for the first worker of a per-run cluster (default 1 h)."""
+    text = os.environ.get("HASHDIST_WORKER_TIMEOUT", "3600")
+    try:
+        timeout = float(text)
+    except ValueError:
+        timeout = math.nan
+    if not timeout > 0 or math.isinf(timeout):
+        raise InputError(f"$HASHDIST_WORKER_TIMEOUT must be a positive number of seconds, not {text!r}")
+    return timeout
+
+
+def check_scheduler(address: str) -> None:
+    """Refuse, in one line, a tcp:// or tls:// scheduler address where nothing listens (distributed would retry
+    for 30 s and fail with a traceback)."""
+    from distributed.comm import parse_address, parse_host_port
+
+    try:
+        protocol, location = parse_address(address)
+        if protocol not in ("tcp", "tls"):
+            return
+        host, port = parse_host_port(location)
+    except ValueError as exc:
+        raise InputError(f"Dask scheduler address {address!r} is malformed ({exc})") from None
+    try:
+        socket.create_connection((host, port), timeout=10).close()
+    except OSError as exc:
+        raise InputError(f"no Dask scheduler answers at {address} ({exc.strerror or exc})") from None
+
+
 def environment_cluster_kwargs() -> dict | None:
     """$HASHDIST_CLUSTER_KWARGS (a JSON object), None when unset; a malformed value is an InputError."""
     text = os.environ.get("HASHDIST_CLUSTER_KWARGS")
@@ -136,8 +174,10 @@ def _settle(address, cluster_class, cluster_kwargs, workers, threads) -> DaskTas
     if cluster_kwargs is None:
         cluster_kwargs = environment_cluster_kwargs()
     if address:
+        check_scheduler(address)
         return DaskTaskRunner(address=address)
     if cluster_class:
+        worker_timeout()  # a malformed value fails the run now, not when it first waits for a worker
         with _sigint_kept():  # the runner imports the cluster class's module
             return DaskTaskRunner(cluster_class=cluster_class, cluster_kwargs=cluster_kwargs or {})
     return DaskTaskRunner(cluster_kwargs={**embedded_cluster_kwargs(workers, threads), **(cluster_kwargs or {})})

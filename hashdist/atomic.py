@@ -52,8 +52,15 @@ def exclusive(target) -> Iterator[None]:
     if nested:
         yield
         return
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock_path, "w") as handle:
+    created = [d for d in (target.parent, *target.parent.parents) if not d.exists()]  # deepest first
+    new_lock = not lock_path.exists()
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(lock_path, "w")
+    except OSError as exc:  # a file where a directory should be, no permission
+        _remove_new(created)
+        raise InputError(f"{target}: cannot write there ({exc.strerror}: {exc.filename})") from None
+    with handle:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -62,10 +69,25 @@ def exclusive(target) -> Iterator[None]:
             _held.add(lock_path)
         try:
             yield
+        except BaseException:
+            # nothing written: a run that failed (bad input found during it) leaves no lock file or directory
+            # it made, unless the output exists after all (a nested writer finished it)
+            if not target.exists():
+                _remove_new(([lock_path] if new_lock else []) + created)
+            raise
         finally:
             with _held_guard:
                 _held.discard(lock_path)
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _remove_new(paths) -> None:
+    """Remove the lock file and the empty directories this process made (in order), leaving anything else."""
+    for path in paths:
+        try:
+            path.rmdir() if path.is_dir() else path.unlink()
+        except OSError:
+            return
 
 
 @contextmanager

@@ -111,10 +111,20 @@ class Dataset:
         self.url = str(url)
         self.group = group
         attrs = dict(group.attrs)
-        self.nbits = int(attrs["nbits"])
-        self.relevance_kinds = tuple(attrs["relevance"])
-        self.n_labels = int(attrs.get("n_labels", 0))
-        self.fingerprints = {k: ArrayFingerprint.from_json(v) for k, v in attrs["fingerprints"].items()}
+        try:
+            self.nbits = int(attrs["nbits"])
+            self.relevance_kinds = tuple(map(str, attrs["relevance"]))
+            self.n_labels = int(attrs.get("n_labels", 0))
+            self.fingerprints = {k: ArrayFingerprint.from_json(v) for k, v in attrs["fingerprints"].items()}
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            what = f"no {exc.args[0]!r}" if isinstance(exc, KeyError) else f"{type(exc).__name__}: {exc}"
+            raise InputError(f"{url}: malformed dataset attributes ({what}); rewrite it with hashdist ingest") from None
+        for name in ("database/codes", "queries/codes"):
+            if name not in self.fingerprints:
+                raise InputError(f"{url}: malformed dataset attributes (no fingerprint of {name})")
+        for name, fp in self.fingerprints.items():
+            if fp.chunk_rows < 1 or fp.rows < 0 or len(fp.chunks) != -(-fp.rows // fp.chunk_rows):
+                raise InputError(f"{url}: malformed dataset attributes (the fingerprint of {name})")
         self._arrays: dict[str, zarr.Array] = {}
 
     # -- structure -------------------------------------------------------

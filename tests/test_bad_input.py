@@ -165,9 +165,17 @@ def test_corrupted_chunk_is_named(tmp_path, capsys, dataset, damage):
     else:
         del data[len(data) // 2 :]
     chunk.write_bytes(bytes(data))
-    out = tmp_path / "report"
+    out = tmp_path / "new" / "report"  # found during the run: not even the directory it would have made is left
     assert_refused(capsys, ["evaluate", dataset, "--out", out, "--engine", "local", "--no-cache"],
                    "database/codes", out)
+    assert not (tmp_path / "new").exists()
+
+
+def test_output_path_through_a_file_is_refused(tmp_path, capsys, dataset):
+    (tmp_path / "afile").write_text("not a directory")
+    out = tmp_path / "afile" / "sub" / "report"
+    assert_refused(capsys, ["evaluate", dataset, "--out", out, "--engine", "local"], "cannot write there")
+    assert (tmp_path / "afile").read_text() == "not a directory"
 
 
 def test_synth_bad_option(tmp_path, capsys):
@@ -202,6 +210,14 @@ def test_concurrent_run_into_the_same_output_is_refused(tmp_path, capsys, datase
         (lambda g, p: g.attrs.update({"format_version": 99}), "format version 99"),
         (lambda g, p: g.attrs.update({"nbits": 200}), "needs (rows, 4) uint64"),
         (lambda g, p: __import__("shutil").rmtree(p / "database" / "labels"), "database/labels"),
+        (lambda g, p: g.attrs.__delitem__("nbits"), "malformed dataset attributes (no 'nbits')"),
+        (lambda g, p: g.attrs.update({"fingerprints": {"database/codes": {"rows": "many"}}}),
+         "malformed dataset attributes (no 'chunk_rows')"),
+        (lambda g, p: g.attrs.update({"fingerprints": {k: v for k, v in g.attrs["fingerprints"].items()
+                                                       if k != "queries/codes"}}),
+         "no fingerprint of queries/codes"),
+        (lambda g, p: g.attrs.update({"fingerprints": {**g.attrs["fingerprints"], "database/codes": {
+            **g.attrs["fingerprints"]["database/codes"], "chunk_rows": 0}}}), "the fingerprint of database/codes"),
     ],
 )
 def test_damaged_dataset_is_refused(tmp_path, capsys, dataset, damage, needle):

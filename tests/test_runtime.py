@@ -238,6 +238,29 @@ def test_malformed_cluster_variable_fails_the_run_not_the_import(tmp_path, cli_e
 
 
 @pytest.mark.usefixtures("prefect_api")
+@pytest.mark.parametrize(("variable", "value", "needle"), [
+    ("HASHDIST_DASK_ADDRESS", "tcp://127.0.0.1:{port}", "no Dask scheduler answers at tcp://127.0.0.1:{port}"),
+    ("HASHDIST_WORKER_TIMEOUT", "soon", "$HASHDIST_WORKER_TIMEOUT must be a positive number of seconds"),
+])
+def test_an_unusable_cluster_setting_fails_the_run_in_one_line(tmp_path, cli_env, class_dataset, variable, value,
+                                                                needle):
+    """A scheduler address where nothing listens (a port just freed), a malformed worker timeout with a per-run
+    cluster: one line, exit status 2, no report."""
+    from tests.conftest import free_port
+
+    port = free_port()
+    env = {**cli_env, variable: value.format(port=port)}
+    if variable == "HASHDIST_WORKER_TIMEOUT":  # a per-run cluster that plans one worker
+        env.update({"HASHDIST_CLUSTER_CLASS": "distributed.LocalCluster",
+                    "HASHDIST_CLUSTER_KWARGS": '{"n_workers": 1, "processes": false, "dashboard_address": null}'})
+    out = tmp_path / "report"
+    run = hashdist(env, "evaluate", class_dataset, "--out", out, "--quiet")
+    assert run.returncode == 2, run.stderr
+    lines = nonblank(run.stderr)
+    assert len(lines) == 1 and needle.format(port=port) in lines[0], run.stderr
+    assert not out.exists()
+
+
 def test_deployed_run_fails_naming_a_malformed_cluster_variable(monkeypatch, class_dataset):
     monkeypatch.setenv("HASHDIST_CLUSTER_KWARGS", "[1, 2]")
     from flows.evaluate import evaluate

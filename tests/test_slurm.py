@@ -362,3 +362,25 @@ def test_interrupting_a_run_that_waits_for_its_slurm_job(slurm, tmp_path, cli_en
     while _jobs(slurm) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert _jobs(slurm) == [], "the interrupted run left its SLURM job in the queue"
+
+
+def test_a_run_whose_slurm_job_never_starts_ends_after_the_worker_timeout(slurm, tmp_path, cli_env, local_report):
+    """$HASHDIST_WORKER_TIMEOUT bounds the wait for the first job: then one line, exit status 2, no report, and
+    the pending job cancelled."""
+    dataset, _ = local_report
+    env = {**_run_env(cli_env, slurm, tmp_path), "HASHDIST_WORKER_TIMEOUT": "3"}
+    kwargs = {"n_workers": 1, "cores": 1, "memory": "1GiB", "queue": "hashdist", "interface": "lo",
+              "scheduler_options": {"dashboard_address": "127.0.0.1:0"}, "log_directory": str(tmp_path / "jobs"),
+              "job_extra_directives": ["--begin=now+600"]}  # accepted, but pending for 10 minutes
+    out = tmp_path / "report"
+    run = subprocess.run([str(BIN / "hashdist"), "evaluate", str(dataset), "--out", str(out), "--quiet",
+                          "--cluster-class", "dask_jobqueue.SLURMCluster", "--cluster-kwargs", json.dumps(kwargs)],
+                         env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    lines = [line for line in run.stderr.splitlines() if line.strip()]
+    assert run.returncode == 2, run.stderr
+    assert len(lines) == 1 and "no worker of the cluster started within 3 s" in lines[0], run.stderr
+    assert not out.exists()
+    deadline = time.monotonic() + 30
+    while _jobs(slurm) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _jobs(slurm) == [], "the run left its SLURM job in the queue"

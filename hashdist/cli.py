@@ -11,7 +11,9 @@ import argparse
 import contextlib
 import json
 import os
+import signal
 import sys
+import threading
 
 from hashdist.defaults import DEFAULT_DISTANCE_BINS, DEFAULT_K, DEFAULT_RADII
 from hashdist.errors import InputError
@@ -44,6 +46,29 @@ def _number(text: str):
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
     return int(value) if value.is_integer() else value
+
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the main thread is, as Ctrl-C is: the run unwinds (a per-run cluster cancels its
+    jobs, outputs stay unwritten) instead of dying on the spot."""
+
+
+@contextlib.contextmanager
+def _terminate_as_interrupt():
+    """SIGTERM raises :class:`_Terminated` in the main thread while the command runs (the handler before is
+    restored after: the CLI also runs inside other programs, tests among them)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminated(signum, frame):
+        raise _Terminated
+
+    before = signal.signal(signal.SIGTERM, terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
 
 
 class _Dropped(Exception):
@@ -659,6 +684,7 @@ def main(argv=None, server=None) -> int:
     os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "warning")
     try:
         with contextlib.ExitStack() as stack:
+            stack.enter_context(_terminate_as_interrupt())
             if args.command in CHECKS:
                 CHECKS[args.command](args)
             if getattr(args, "engine", None) == "flow":
@@ -684,6 +710,9 @@ def main(argv=None, server=None) -> int:
             raise
         sys.stderr.write(f"hashdist {args.command}: error: {exc}\n")
         return 2
+    except _Terminated:
+        sys.stderr.write("hashdist: terminated\n")
+        return 143
     except KeyboardInterrupt:
         sys.stderr.write("hashdist: interrupted\n")
         return 130

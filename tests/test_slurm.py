@@ -324,8 +324,13 @@ def test_slurm_cluster_from_the_shipped_config(slurm, tmp_path, cli_env, local_r
     assert (tmp_path / "tmp" / "dask-scratch-space").is_dir()
 
 
-def test_interrupting_a_run_that_waits_for_its_slurm_job(slurm, tmp_path, cli_env, local_report):
-    """Ctrl-C while the run waits for its job to start: exit status 130, no report, the pending job cancelled.
+@pytest.mark.parametrize(("sig", "status", "message"), [(signal.SIGINT, 130, "hashdist: interrupted"),
+                                                         (signal.SIGTERM, 143, "hashdist: terminated")],
+                         ids=["SIGINT", "SIGTERM"])
+def test_interrupting_a_run_that_waits_for_its_slurm_job(slurm, tmp_path, cli_env, local_report, sig, status,
+                                                         message):
+    """Ctrl-C (or SIGTERM) while the run waits for its job to start: exit status 130 (143), no report, the pending
+    job cancelled.
 
     (Importing dask-jobqueue 0.9.0 makes SIGINT call sys.exit(), which would end the run with status 0.)
     """
@@ -348,15 +353,15 @@ def test_interrupting_a_run_that_waits_for_its_slurm_job(slurm, tmp_path, cli_en
             assert time.monotonic() < deadline, "no pending SLURM job after 120 s"
             time.sleep(0.5)
         time.sleep(1)
-        run.send_signal(signal.SIGINT)
-        status = run.wait(timeout=60)
+        run.send_signal(sig)
+        returned = run.wait(timeout=60)
     finally:
         if run.poll() is None:
             run.kill()
             run.wait()
     stderr = (tmp_path / "stderr.txt").read_text()
-    assert status == 130, stderr
-    assert "hashdist: interrupted" in stderr
+    assert returned == status, stderr
+    assert message in stderr
     assert not out.exists()
     deadline = time.monotonic() + 30
     while _jobs(slurm) and time.monotonic() < deadline:

@@ -51,23 +51,50 @@ def test_transient_task_failure_is_retried(class_dataset, monkeypatch):
     assert _metrics(result) == _metrics(evaluate_local(class_dataset, cache=False))
 
 
-def test_killed_dask_worker_does_not_change_the_result(busy_dataset, loopback_cluster):
-    from flows.evaluate import run_evaluation
+def test_killed_dask_worker_does_not_change_the_result(busy_dataset, loopback_cluster, tmp_path, monkeypatch):
+    """A worker process is killed while it runs a histogram task: the task runs again and the result is exact.
+
+    The histogram tasks wait at a gate (a file) after announcing which worker runs them, so the kill lands
+    mid-task however fast the machine is."""
+    from prefect import task
+
+    import flows.evaluate as evaluate_module
+    from flows.runtime import TASK_OPTIONS
 
     address, procs = loopback_cluster
+    gate, real = tmp_path / "open", evaluate_module.histogram_task.fn
+
+    def gated(plan, blocks, cache_dir):
+        call = f"{os.getpid()}-{time.monotonic_ns()}"
+        (tmp_path / f"running-{call}").touch()
+        deadline = time.monotonic() + 300
+        while not gate.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        (tmp_path / f"passed-{call}").touch()
+        return real(plan, blocks, cache_dir)
+
+    monkeypatch.setattr(evaluate_module, "histogram_task", task(gated, name="histogram-blocks", **TASK_OPTIONS))
     outcome = {}
 
     def run():
-        outcome["result"] = run_evaluation(busy_dataset, cache=False, address=address, query_block_rows=64,
-                                           db_block_rows=1000)
+        outcome["result"] = evaluate_module.run_evaluation(busy_dataset, cache=False, address=address,
+                                                           query_block_rows=64, db_block_rows=1000)
 
-    runner = threading.Thread(target=run)
+    runner = threading.Thread(target=run, daemon=True)
     runner.start()
-    time.sleep(6)
-    assert runner.is_alive(), "the run finished before the fault could be injected"
-    procs[1].send_signal(signal.SIGKILL)  # one of the two workers
+    deadline = time.monotonic() + 120
+    while not (running := list(tmp_path.glob("running-*"))) and runner.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert running, "no histogram task started"
+    victim = int(running[0].name.split("-")[1])
+    parent = int(Path(f"/proc/{victim}/stat").read_text().rpartition(")")[2].split()[1])
+    assert parent in {p.pid for p in procs[1:]}  # a worker process, under one of the two nannies
+    os.kill(victim, signal.SIGKILL)
+    gate.touch()
     runner.join(timeout=300)
     assert not runner.is_alive()
+    started, passed = ({f.name.split("-", 1)[1] for f in tmp_path.glob(f"{kind}-*")} for kind in ("running", "passed"))
+    assert started - passed == {running[0].name.split("-", 1)[1]}  # the killed task never ran on; it ran again
     assert _metrics(outcome["result"]) == _metrics(evaluate_local(busy_dataset, cache=False))
 
 

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 from hashdist.errors import InputError
 
+MAX_BLOCK_ROWS = 2**31 - 1  # the kernels count a block's items into int32 tables
+
 
 @dataclass(frozen=True)
 class Block:
@@ -27,12 +29,17 @@ class Block:
         return (self.q1 - self.q0) * (self.d1 - self.d0)
 
 
-def block_rows(rows: int | None, chunk: int, default: int, option: str) -> int:
-    """Rows per block: ``rows`` (or ``default``) rounded up to whole chunks; ``option`` names it in errors."""
+def block_rows(rows: int | None, chunk: int, default: int, option: str, total: int) -> int:
+    """Rows per block: ``rows`` (or ``default``) rounded up to whole chunks; ``option`` names it in errors. A
+    block of the ``total`` rows holds at most MAX_BLOCK_ROWS of them."""
     rows = default if rows is None else rows
     if int(rows) != rows or rows < 1:
         raise InputError(f"{option} must be a positive integer, got {rows}")
-    return -(-int(rows) // chunk) * chunk
+    rounded = -(-int(rows) // chunk) * chunk
+    if min(rounded, total) > MAX_BLOCK_ROWS:
+        raise InputError(f"{option} {rows} makes blocks of {min(rounded, total)} rows: at most {MAX_BLOCK_ROWS}, "
+                         "as the kernels count a block into int32")
+    return rounded
 
 
 def row_ranges(total: int, step: int) -> list[tuple[int, int]]:

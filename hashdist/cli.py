@@ -261,7 +261,8 @@ def _add_execution_options(p):
     p.add_argument("--workers", type=int, help="local cluster: worker count (default 1)")
     p.add_argument("--threads", type=int, help="local cluster: threads per worker (default: all cores)")
     p.add_argument("--query-block-rows", type=int, help="queries per block (rounded up to whole chunks)")
-    p.add_argument("--db-block-rows", type=int, help="database rows per block (rounded up to whole chunks)")
+    p.add_argument("--db-block-rows", type=int,
+                   help="database rows per block (rounded up to whole chunks; at most 2^31 - 1)")
     p.add_argument("--cache", help="block result store (default: the per-user cache)")
     p.add_argument("--no-cache", action="store_true", help="compute every block, store nothing")
 

@@ -45,10 +45,7 @@ DEFAULT_CHUNK_ROWS = 65536
 DEFAULT_QUERY_CHUNK_ROWS = 1024
 CSR_CHUNK = 1 << 20
 MAX_NBITS = 4096
-RELEVANCE_KINDS = ("class", "multilabel", "explicit")
 
-CODES = ("database/codes", "queries/codes")
-LABELS = ("database/labels", "queries/labels")
 CSR = ("queries/relevant/indptr", "queries/relevant/indices", "queries/relevant/grades")
 FEATURES = ("database/features", "queries/features")
 

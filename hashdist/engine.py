@@ -112,8 +112,10 @@ def make_plan(
     if code_parts is not None and (isinstance(code_parts, bool) or int(code_parts) != code_parts or code_parts < 1):
         raise InputError(f"--code-parts must be a positive integer, got {code_parts}")
     largest_grade = largest_possible_grade(ds, relevance)
-    qrows = block_rows(query_block_rows, ds.chunk_rows("queries"), DEFAULT_QUERY_BLOCK_ROWS, "--query-block-rows")
-    drows = block_rows(db_block_rows, ds.chunk_rows("database"), DEFAULT_DB_BLOCK_ROWS, "--db-block-rows")
+    qrows = block_rows(query_block_rows, ds.chunk_rows("queries"), DEFAULT_QUERY_BLOCK_ROWS, "--query-block-rows",
+                       ds.n_queries)
+    drows = block_rows(db_block_rows, ds.chunk_rows("database"), DEFAULT_DB_BLOCK_ROWS, "--db-block-rows",
+                       ds.n_database)
     fp = ds.fingerprints
     common = (KERNEL_VERSION, ds.nbits, relevance, largest_grade, *(f"{bits}x{tables}" for bits, tables in hashtables),
               *(("distance", distance.digest) if distance is not None else ()))

@@ -132,8 +132,9 @@ def prepare(dataset, *, method: str, neighbors=None, sample=None, seed=None, eps
         raise InputError(f"--method must be one of {', '.join(METHODS)}, got {method!r}")
     blocks = dict(
         query_block_rows=block_rows(query_block_rows, ds.chunk_rows("queries"), DEFAULT_QUERY_BLOCK_ROWS,
-                                  "--query-block-rows"),
-        db_block_rows=block_rows(db_block_rows, ds.chunk_rows("database"), DEFAULT_DB_BLOCK_ROWS, "--db-block-rows"),
+                                    "--query-block-rows", ds.n_queries),
+        db_block_rows=block_rows(db_block_rows, ds.chunk_rows("database"), DEFAULT_DB_BLOCK_ROWS, "--db-block-rows",
+                                 ds.n_database),
     )
     n = ds.n_database
     if method == "top_percent":

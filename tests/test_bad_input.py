@@ -113,6 +113,7 @@ def dataset(tmp_path, files):
         (["--relevance", "explicit"], "supports only class"),
         (["--cluster-kwargs", "{bad json"], "--cluster-kwargs"),
         (["--code-parts", "0"], "--code-parts"),
+        (["--query-block-rows", "0"], "--query-block-rows must be a positive integer"),
         (["--metric", "foo"], "unrecognized arguments"),
     ],
 )

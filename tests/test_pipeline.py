@@ -7,9 +7,10 @@ import pytest
 
 from hashdist.api import evaluate_local
 from hashdist.bits import unpack_bits
-from hashdist.blocks import Block, split_by_pairs
+from hashdist.blocks import MAX_BLOCK_ROWS, Block, block_rows, split_by_pairs
 from hashdist.dataset import open_dataset
 from hashdist.engine import compute_histogram, make_plan
+from hashdist.errors import InputError
 from hashdist.ingest import append, ingest
 from tests.conftest import write_inputs
 
@@ -45,6 +46,19 @@ def test_split_by_pairs_covers_every_block_once_in_balanced_runs(parts):
     assert len(runs) <= parts
     total, largest = sum(b.pairs for b in blocks), max(b.pairs for b in blocks)
     assert all(sum(b.pairs for b in run) <= total / parts + largest for run in runs)
+
+
+def test_block_rows_are_whole_chunks_and_a_block_fits_int32_counts():
+    assert block_rows(None, 1000, 4096, "--db-block-rows", 10**6) == 5000
+    assert block_rows(1, 1000, 4096, "--db-block-rows", 10**6) == 1000
+    assert block_rows(3 * 10**9, 1000, 4096, "--db-block-rows", 10**6) == 3 * 10**9  # the database is one block
+    assert block_rows(MAX_BLOCK_ROWS, 1, 4096, "--db-block-rows", 3 * 10**9) == MAX_BLOCK_ROWS
+    with pytest.raises(InputError, match="--db-block-rows 2147483648 makes blocks of 2147483648 rows: at most"):
+        block_rows(MAX_BLOCK_ROWS + 1, 1, 4096, "--db-block-rows", 3 * 10**9)
+    with pytest.raises(InputError, match="makes blocks of 2147484000 rows: at most 2147483647"):  # whole chunks
+        block_rows(MAX_BLOCK_ROWS, 1000, 4096, "--db-block-rows", 3 * 10**9)
+    with pytest.raises(InputError, match="--db-block-rows must be a positive integer, got 2.5"):
+        block_rows(2.5, 1000, 4096, "--db-block-rows", 10**6)
 
 
 def test_packed_ingest_equals_unpacked(tmp_path):

@@ -46,7 +46,6 @@ TILE = 4
 CHUNK = 512  # database items per phase; a tile's cell buffer stays in L1
 MAX_JOINT_CELLS = 258**2  # largest joint table per query pair (B=128 class, B=257 explicit)
 MAX_UNROLLED_WORDS = 8
-MAX_BLOCK_ROWS = 2**31 - 1  # a tile counts into int32 tables
 MAX_RELEVANT_FRACTION = 0.2  # class split: at most this share of same-label pairs...
 MIN_SPLIT_QUERIES = 256  # ...and enough queries to pay for grouping the block by label (class or multi-label)
 MIN_RUN = 8  # multi-label: items sharing a label row that the grouped kernel counts as one run...

@@ -710,7 +710,7 @@ def main(argv=None, server=None) -> int:
         if args.debug:
             raise
         sys.stderr.write(f"hashdist {args.command}: error: {exc}\n")
-        return 2
+        return exc.exit_status
     except _Terminated:
         sys.stderr.write("hashdist: terminated\n")
         return 143

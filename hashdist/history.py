@@ -80,10 +80,8 @@ class SignificantDrop(Exception):
     """The latest run's AP dropped significantly against the run before it.
 
     ``verdict`` is :func:`compare_runs`'s dict (its ``message`` is this exception's text), ``evaluation``
-    the run's :class:`hashdist.api.Evaluation` when known. The command line exits with ``exit_status``.
+    the run's :class:`hashdist.api.Evaluation` when known. The command line then exits with status 3.
     """
-
-    exit_status = 3
 
     def __init__(self, verdict: dict, evaluation=None):
         super().__init__(verdict["message"])

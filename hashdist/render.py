@@ -77,6 +77,11 @@ def html_table(caption: str, header: list[str], rows: list[list[str]], table_id:
            f"<tbody>{body}</tbody></table>"
 
 
+def html_definitions(terms: list[tuple[str, str]]) -> str:
+    """A definition list: each term, then what it means."""
+    return "<dl>" + "".join(f"<dt>{html.escape(t)}</dt><dd>{html.escape(d)}</dd>" for t, d in terms) + "</dl>"
+
+
 def html_figure(name: str, data: str, caption: str) -> str:
     """A captioned PNG figure; the caption says what is plotted and the convention behind it."""
     return (f'<figure id="fig-{html.escape(name)}"><img alt="{html.escape(caption)}" '
@@ -90,6 +95,7 @@ _STYLE = (
     "td:first-child,th:first-child{text-align:left}thead th{background:#f2f2f2}"
     "figure{display:inline-block;vertical-align:top;margin:8px;max-width:520px}"
     "figcaption{font-size:13px;color:#444;margin-top:4px}img{max-width:100%}"
+    "dl{font-size:13px}dt{font-weight:600;margin-top:6px}dd{margin-left:16px;color:#444}"
 )
 
 

@@ -20,7 +20,7 @@ from hashdist.codeusage import rank_size_steps
 from hashdist.errors import InputError
 from hashdist.metrics.conventions import BY_NAME
 from hashdist.metrics.registry import FIELD_LABELS, MEASURES, POLICIES, lookup
-from hashdist.render import fmt, html_figure, html_table, log_count_axes, page, png, text_table
+from hashdist.render import fmt, html_definitions, html_figure, html_table, log_count_axes, page, png, text_table
 
 __all__ = ["format_table", "render_html", "tables", "write_outputs"]
 
@@ -264,6 +264,18 @@ CAPTIONS = {
 }
 
 
+# what a label's parameter stands for in the definitions: "mAP@{}" is mAP@K, "P@N={}" is P@N
+PARAMETER_SYMBOLS = {"k": "K", "cutoff": "N", "radius": "r", "hashtable": "KxL"}
+
+
+def definitions(report: dict) -> list[tuple[str, str]]:
+    """(term, one-line definition) of each measure the report holds, in registry order."""
+    m = report["metrics"]
+    return [(measure.label.replace("={}", "").format(PARAMETER_SYMBOLS.get(measure.parameter)),
+             measure.description if measure.hamming else _in_distance(measure.description, report))
+            for measure in MEASURES if measure.key in m and (measure.parameter is None or m[measure.key])]
+
+
 def render_html(report: dict, images: dict[str, str]) -> str:
     d, q = report["dataset"], report["queries"]
     p = report["parameters"]
@@ -271,12 +283,14 @@ def render_html(report: dict, images: dict[str, str]) -> str:
         f"<h1>hashdist report</h1><p>Dataset <code>{html.escape(str(d['path']))}</code>: {d['n_queries']} queries x "
         f"{d['n_database']} database items, {d['nbits']}-bit codes, relevance {html.escape(str(d['relevance']))}. "
         f"{q['evaluated']} of {q['total']} queries evaluated ({q['without_relevant']} without relevant items, "
-        f"rule: {html.escape(str(p.get('empty_queries')))}). Definitions: docs/metrics.md of hashdist.</p>"
+        f"rule: {html.escape(str(p.get('empty_queries')))}). Definitions: below, and in full in docs/metrics.md "
+        "of hashdist.</p>"
     )
     body = "".join(html_table(caption, header, rows, f"table-{i}")
                    for i, (caption, header, rows) in enumerate(tables(report)))
     figures = "".join(html_figure(name, data, _in_distance(CAPTIONS[name], report)) for name, data in images.items())
-    return page("hashdist report", f"{head}<h2>Metrics</h2>{body}<h2>Plots</h2>{figures}")
+    glossary = html_definitions(definitions(report))
+    return page("hashdist report", f"{head}<h2>Metrics</h2>{body}<h2>Plots</h2>{figures}<h2>Definitions</h2>{glossary}")
 
 
 # -- writing an output directory -----------------------------------------------

@@ -35,6 +35,7 @@ window.addEventListener('load', () => {
       header: [...t.querySelectorAll('thead th')].map(c => c.textContent),
       rows: [...t.querySelectorAll('tbody tr')].map(r => [...r.cells].map(c => c.textContent)),
     })),
+    definitions: [...document.querySelectorAll('dl dt')].map(t => [t.textContent, t.nextElementSibling.textContent]),
   });
   document.body.appendChild(probe);
 });
@@ -95,6 +96,12 @@ def test_report_page_in_chromium(multilabel_dataset, tmp_path):
     assert [row[0] for row in radius["rows"]] == ["0", "1", "2"]
     assert radius["header"][-2:] == ["mLGAP", "empty queries"]
     assert _table(view, "Hashtable-bucket paradigm")["rows"][0][0] == "8x2"
+    # every measure of the page, defined under its label's pattern
+    terms = dict(view["definitions"])
+    assert list(terms) == ["mAP", "mAP@K", "P@K", "R@K", "NDCG@K", "NDCG-SH@K", "P@N", "R@N", "PR curve by rank",
+                           "AUC", "P@r (macro)", "R@r (macro)", "micro@r", "mAP@r", "mLGAP@r", "empty@r", "PR curve",
+                           "AUPRC", "hashtable KxL"]
+    assert "min(K, R)" in terms["mAP@K"] and "2^g - 1" in terms["NDCG@K"] and "L" in terms["hashtable KxL"]
     assert "http" not in re.sub(r"data:image/png;base64,[A-Za-z0-9+/=]+", "", (out / "report.html").read_text())
 
 

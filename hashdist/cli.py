@@ -11,14 +11,13 @@ import argparse
 import contextlib
 import json
 import os
-import signal
 import sys
-import threading
 
 from hashdist.defaults import DEFAULT_DISTANCE_BINS, DEFAULT_K, DEFAULT_RADII
 from hashdist.errors import InputError
 from hashdist.metrics.conventions import CONVENTIONS
 from hashdist.protocols import PROTOCOLS
+from hashdist.signals import SignalWatch
 
 DESCRIPTION = """\
 Exact, tie-aware evaluation of binary hash codes for retrieval.
@@ -46,29 +45,6 @@ def _number(text: str):
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
     return int(value) if value.is_integer() else value
-
-
-class _Terminated(KeyboardInterrupt):
-    """SIGTERM, raised where the main thread is, as Ctrl-C is: the run unwinds (a per-run cluster cancels its
-    jobs, outputs stay unwritten) instead of dying on the spot."""
-
-
-@contextlib.contextmanager
-def _terminate_as_interrupt():
-    """SIGTERM raises :class:`_Terminated` in the main thread while the command runs (the handler before is
-    restored after: the CLI also runs inside other programs, tests among them)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def terminated(signum, frame):
-        raise _Terminated
-
-    before = signal.signal(signal.SIGTERM, terminated)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, before)
 
 
 class _Dropped(Exception):
@@ -683,42 +659,51 @@ def main(argv=None, server=None) -> int:
     # Prefect's INFO lines would drown the table; PREFECT_LOGGING_LEVEL still wins when set
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
     os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "warning")
-    try:
-        with contextlib.ExitStack() as stack:
-            stack.enter_context(_terminate_as_interrupt())
-            if args.command in CHECKS:
-                CHECKS[args.command](args)
-            if getattr(args, "engine", None) == "flow":
-                from flows.apiserver import TemporaryAPIServer
-
-                # unless $PREFECT_API_URL names a server, a temporary API server boots while Prefect and Dask load here
-                # (runtime.cli_run stops it if Prefect's profile names one)
-                if server is None and not os.environ.get("PREFECT_API_URL"):
-                    server = TemporaryAPIServer()
-                from flows import runtime  # importing it sets hashdist's Prefect defaults before Prefect loads
-
-                plots = getattr(args, "out", None) is not None and not getattr(args, "no_html", False)
-                stack.enter_context(runtime.cli_run(debug=args.debug, server=server, plots=plots))
-            elif server is not None:
-                server.stop()
-            message = COMMANDS[args.command][1](args)
-    except _Dropped as exc:  # evaluate --history: the report is written, the run recorded
-        print(exc.output)
-        sys.stderr.write(f"{exc.message}\n")
-        return 3
-    except InputError as exc:
-        if args.debug:
-            raise
-        sys.stderr.write(f"hashdist {args.command}: error: {exc}\n")
-        return exc.exit_status
-    except _Terminated:
-        sys.stderr.write("hashdist: terminated\n")
-        return 143
-    except KeyboardInterrupt:
-        sys.stderr.write("hashdist: interrupted\n")
-        return 130
-    print(message)
+    with SignalWatch() as signals:
+        try:
+            message = _run(args, server)
+        except _Dropped as exc:  # evaluate --history: the report is written, the run recorded
+            print(exc.output)
+            sys.stderr.write(f"{exc.message}\n")
+            return 3
+        except InputError as exc:
+            if args.debug:
+                raise
+            sys.stderr.write(f"hashdist {args.command}: error: {exc}\n")
+            return exc.exit_status
+        except BaseException as exc:
+            if (ending := signals.ending(exc)) is None:
+                raise
+            status, word = ending
+            sys.stderr.write(f"hashdist: {word}\n")
+            return status
+        print(message)
+        if (ending := signals.ending()) is not None:  # the signal came as the run finished: its outputs stand
+            status, word = ending
+            sys.stderr.write(f"hashdist: {word} after the command had finished\n")
+            return status
     return 0
+
+
+def _run(args, server) -> str:
+    """Runs the parsed command, the flow commands with Prefect set up (and the temporary API server)."""
+    with contextlib.ExitStack() as stack:
+        if args.command in CHECKS:
+            CHECKS[args.command](args)
+        if getattr(args, "engine", None) == "flow":
+            from flows.apiserver import TemporaryAPIServer
+
+            # unless $PREFECT_API_URL names a server, a temporary API server boots while Prefect and Dask load here
+            # (runtime.cli_run stops it if Prefect's profile names one)
+            if server is None and not os.environ.get("PREFECT_API_URL"):
+                server = TemporaryAPIServer()
+            from flows import runtime  # importing it sets hashdist's Prefect defaults before Prefect loads
+
+            plots = getattr(args, "out", None) is not None and not getattr(args, "no_html", False)
+            stack.enter_context(runtime.cli_run(debug=args.debug, server=server, plots=plots))
+        elif server is not None:
+            server.stop()
+        return COMMANDS[args.command][1](args)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,129 @@
+"""SIGINT and SIGTERM reach a command however the run treats the first delivery (hashdist/signals.py).
+
+Each case runs a small script in a new process: it enters SignalWatch, signals itself, and then does what
+the run's libraries sometimes do with the exception: drop it in a garbage-collector callback, wrap it in an
+ordinary error from compiled code, or let another handler (Prefect's, for SIGTERM) take the signal. The
+command must still end with the signal's status, its cleanup finished.
+"""
+
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+PRELUDE = """
+import gc, os, signal, sys, time
+from hashdist.signals import SignalWatch
+
+def finish(signals, exc=None):
+    ending = signals.ending(exc)
+    print(f"ended {ending[1]}" if ending else "ended normally", flush=True)
+    sys.exit(ending[0] if ending else 0)
+
+def work(seconds):  # a run that goes on: bounded
+    for _ in range(int(seconds / 0.05)):
+        time.sleep(0.05)
+"""
+
+CASES = {
+    # the first delivery dropped as a gc callback drops it; the next one, a second later, stops the run
+    "dropped_in_a_gc_callback": """
+        def callback(phase, info):
+            if phase == "start":
+                gc.callbacks.remove(callback)
+                os.kill(os.getpid(), SIG)
+                for _ in range(100):  # the handler runs at one of these bytecodes, inside the callback
+                    pass
+        with SignalWatch() as signals:
+            try:
+                gc.callbacks.append(callback)
+                gc.collect()
+                print("went on", flush=True)
+                work(20)
+            except BaseException as exc:
+                finish(signals, exc)
+            finish(signals)
+    """,
+    # compiled code calling back into Python turns the interrupt into an ordinary error
+    "wrapped_in_an_error": """
+        with SignalWatch() as signals:
+            try:
+                try:
+                    os.kill(os.getpid(), SIG)
+                    work(20)
+                except BaseException as exc:
+                    raise RuntimeError("Error calling function `_ser_model`") from exc
+            except BaseException as exc:
+                finish(signals, exc)
+            finish(signals)
+    """,
+    # another handler takes the signal and does nothing (then gives the watch's back, as Prefect's bridge does)
+    "taken_by_another_handler": """
+        with SignalWatch() as signals:
+            try:
+                mine = signal.signal(SIG, lambda *args: None)
+                os.kill(os.getpid(), SIG)
+                work(0.3)
+                signal.signal(SIG, mine)
+                print("went on", flush=True)
+                work(20)
+            except BaseException as exc:
+                finish(signals, exc)
+            finish(signals)
+    """,
+    # deliveries while the run unwinds do not cut its cleanup short
+    "cleanup_not_interrupted": """
+        with SignalWatch() as signals:
+            try:
+                try:
+                    os.kill(os.getpid(), SIG)
+                    work(20)
+                finally:
+                    work(2.5)  # two or three deliveries come meanwhile
+                    print("cleaned up", flush=True)
+            except BaseException as exc:
+                finish(signals, exc)
+            finish(signals)
+    """,
+    # a signal that comes as the command finishes: it finishes, and exits with the signal's status
+    "after_the_work": """
+        with SignalWatch() as signals:
+            mine = signal.signal(SIG, lambda *args: None)
+            os.kill(os.getpid(), SIG)
+            signal.signal(SIG, mine)
+            finish(signals)
+    """,
+}
+EXPECTED_OUTPUT = {"dropped_in_a_gc_callback": "went on", "taken_by_another_handler": "went on",
+                   "cleanup_not_interrupted": "cleaned up"}
+
+
+@pytest.mark.parametrize(("sig", "status", "word"), [(signal.SIGINT, 130, "interrupted"),
+                                                     (signal.SIGTERM, 143, "terminated")], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_signal_ends_the_command_however_the_first_delivery_went(case, sig, status, word):
+    script = PRELUDE + f"SIG = signal.{sig.name}\n" + textwrap.dedent(CASES[case])
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert run.returncode == status, (run.stdout, run.stderr)
+    lines = run.stdout.split()
+    assert run.stdout.splitlines()[-1] == f"ended {word}", run.stdout
+    if case in EXPECTED_OUTPUT:
+        assert EXPECTED_OUTPUT[case] in run.stdout, (lines, run.stderr)
+    assert "Traceback" not in run.stderr or case == "dropped_in_a_gc_callback", run.stderr
+
+
+def test_the_watch_does_nothing_outside_the_main_thread():
+    script = PRELUDE + textwrap.dedent("""
+        import threading
+        def run():
+            with SignalWatch() as signals:
+                assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+            print("ok", flush=True)
+        thread = threading.Thread(target=run)
+        thread.start()
+        thread.join()
+    """)
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr

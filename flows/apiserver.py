@@ -200,6 +200,6 @@ def wants_server(argv: list[str]) -> bool:
 def launch() -> int:
     """The ``hashdist`` command: the temporary API server first when the command needs one, then the CLI."""
     server = TemporaryAPIServer() if wants_server(sys.argv[1:]) else None
-    from hashdist.cli import main
+    from hashdist.cli import console
 
-    return main(server=server)
+    return console(server=server)

@@ -17,7 +17,7 @@ from hashdist.defaults import DEFAULT_DISTANCE_BINS, DEFAULT_K, DEFAULT_RADII
 from hashdist.errors import InputError
 from hashdist.metrics.conventions import CONVENTIONS
 from hashdist.protocols import PROTOCOLS
-from hashdist.signals import SignalWatch
+from hashdist.signals import EXIT_GRACE_S, EXIT_STATUS, SignalWatch, exit_within
 
 DESCRIPTION = """\
 Exact, tie-aware evaluation of binary hash codes for retrieval.
@@ -706,5 +706,15 @@ def _run(args, server) -> str:
         return COMMANDS[args.command][1](args)
 
 
+def console(server=None) -> int:
+    """:func:`main` as a process's entry point: once a signal has ended the command, the process is gone
+    within EXIT_GRACE_S, even if a thread the run left behind never ends (not done by :func:`main`, which
+    other programs call)."""
+    status = main(server=server)
+    if status in EXIT_STATUS.values():
+        exit_within(EXIT_GRACE_S, status)
+    return status
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(console())

@@ -13,14 +13,17 @@ its jobs) is not itself interrupted.
 
 from __future__ import annotations
 
+import os
 import select
 import signal
 import socket
 import sys
 import threading
+import time
 
 REDELIVER_S = 1.0
 MAX_REDELIVERIES = 120  # then the run goes on; the command still exits with the signal's status
+EXIT_GRACE_S = 30.0  # a command a signal ended: the process is gone by then, whatever thread the run left behind
 EXIT_STATUS = {signal.SIGINT: 130, signal.SIGTERM: 143}
 MESSAGE = {signal.SIGINT: "interrupted", signal.SIGTERM: "terminated"}
 
@@ -128,3 +131,16 @@ class SignalWatch:
                 self._take()  # a signal that came a moment ago
             signum = self.received or (signal_behind(exc) if exc is not None else None)
         return (EXIT_STATUS[signum], MESSAGE[signum]) if signum else None
+
+
+def exit_within(seconds: float, status: int) -> None:
+    """Ends the process with ``status`` if it is still there ``seconds`` from now: a run cut short by a signal
+    can leave a thread that never ends (a cluster half started), and the interpreter waits for it at exit."""
+
+    def end():
+        time.sleep(seconds)
+        sys.stderr.write(f"hashdist: still running {seconds:g} s after the command ended: exiting now\n")
+        sys.stderr.flush()
+        os._exit(status)
+
+    threading.Thread(target=end, name="hashdist-exit", daemon=True).start()

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -127,3 +128,27 @@ def test_the_watch_does_nothing_outside_the_main_thread():
     """)
     run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr
+
+
+def test_a_command_ended_by_a_signal_exits_even_if_a_thread_of_the_run_hangs():
+    """A run cut short can leave a thread that never ends (a cluster half started): the process exits all the
+    same, EXIT_GRACE_S after the command (here 1 s)."""
+    script = PRELUDE + textwrap.dedent("""
+        import threading
+        import hashdist.signals
+        with SignalWatch() as signals:
+            try:
+                threading.Thread(target=work, args=(120,)).start()  # not a daemon: the interpreter waits for it
+                os.kill(os.getpid(), signal.SIGTERM)
+                work(20)
+            except BaseException as exc:
+                status, word = signals.ending(exc)
+                hashdist.signals.exit_within(1, status)
+                print(f"ended {word}", flush=True)
+                sys.exit(status)
+    """)
+    started = time.monotonic()
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 143 and run.stdout.strip() == "ended terminated", (run.stdout, run.stderr)
+    assert "still running 1 s after the command ended" in run.stderr
+    assert time.monotonic() - started < 30

@@ -16,11 +16,21 @@ import pytest
 
 PRELUDE = """
 import gc, os, signal, sys, time
-from hashdist.signals import SignalWatch
+from hashdist.signals import SignalWatch, exit_within
 
-def finish(signals, exc=None):
-    ending = signals.ending(exc)
+def command(run, grace=None):
+    # a command as the CLI's main() runs one: the signal's status if one ended it (or came meanwhile); with
+    # grace, the process ended as cli.console ends it
+    with SignalWatch() as signals:
+        try:
+            run()
+        except BaseException as exc:
+            ending = signals.ending(exc)
+        else:
+            ending = signals.ending()
     print(f"ended {ending[1]}" if ending else "ended normally", flush=True)
+    if ending and grace:
+        exit_within(grace, ending[0])
     sys.exit(ending[0] if ending else 0)
 
 def work(seconds):  # a run that goes on: bounded
@@ -28,90 +38,66 @@ def work(seconds):  # a run that goes on: bounded
         time.sleep(0.05)
 """
 
+# each case: the body of run() and what it prints on the way
 CASES = {
     # the first delivery dropped as a gc callback drops it; the next one, a second later, stops the run
-    "dropped_in_a_gc_callback": """
+    "dropped_in_a_gc_callback": ("""
         def callback(phase, info):
             if phase == "start":
                 gc.callbacks.remove(callback)
                 os.kill(os.getpid(), SIG)
                 for _ in range(100):  # the handler runs at one of these bytecodes, inside the callback
                     pass
-        with SignalWatch() as signals:
-            try:
-                gc.callbacks.append(callback)
-                gc.collect()
-                print("went on", flush=True)
-                work(20)
-            except BaseException as exc:
-                finish(signals, exc)
-            finish(signals)
-    """,
+        gc.callbacks.append(callback)
+        gc.collect()
+        print("went on", flush=True)
+        work(20)
+    """, "went on"),
     # compiled code calling back into Python turns the interrupt into an ordinary error
-    "wrapped_in_an_error": """
-        with SignalWatch() as signals:
-            try:
-                try:
-                    os.kill(os.getpid(), SIG)
-                    work(20)
-                except BaseException as exc:
-                    raise RuntimeError("Error calling function `_ser_model`") from exc
-            except BaseException as exc:
-                finish(signals, exc)
-            finish(signals)
-    """,
-    # another handler takes the signal and does nothing (then gives the watch's back, as Prefect's bridge does)
-    "taken_by_another_handler": """
-        with SignalWatch() as signals:
-            try:
-                mine = signal.signal(SIG, lambda *args: None)
-                os.kill(os.getpid(), SIG)
-                work(0.3)
-                signal.signal(SIG, mine)
-                print("went on", flush=True)
-                work(20)
-            except BaseException as exc:
-                finish(signals, exc)
-            finish(signals)
-    """,
-    # deliveries while the run unwinds do not cut its cleanup short
-    "cleanup_not_interrupted": """
-        with SignalWatch() as signals:
-            try:
-                try:
-                    os.kill(os.getpid(), SIG)
-                    work(20)
-                finally:
-                    work(2.5)  # two or three deliveries come meanwhile
-                    print("cleaned up", flush=True)
-            except BaseException as exc:
-                finish(signals, exc)
-            finish(signals)
-    """,
-    # a signal that comes as the command finishes: it finishes, and exits with the signal's status
-    "after_the_work": """
-        with SignalWatch() as signals:
-            mine = signal.signal(SIG, lambda *args: None)
+    "wrapped_in_an_error": ("""
+        try:
             os.kill(os.getpid(), SIG)
-            signal.signal(SIG, mine)
-            finish(signals)
-    """,
+            work(20)
+        except BaseException as exc:
+            raise RuntimeError("Error calling function `_ser_model`") from exc
+    """, ""),
+    # another handler takes the signal and does nothing (then gives the watch's back, as Prefect's bridge does)
+    "taken_by_another_handler": ("""
+        mine = signal.signal(SIG, lambda *args: None)
+        os.kill(os.getpid(), SIG)
+        work(0.3)
+        signal.signal(SIG, mine)
+        print("went on", flush=True)
+        work(20)
+    """, "went on"),
+    # deliveries while the run unwinds do not cut its cleanup short
+    "cleanup_not_interrupted": ("""
+        try:
+            os.kill(os.getpid(), SIG)
+            work(20)
+        finally:
+            work(2.5)  # two or three deliveries come meanwhile
+            print("cleaned up", flush=True)
+    """, "cleaned up"),
+    # a signal that comes as the command finishes: it finishes, and exits with the signal's status
+    "after_the_work": ("""
+        mine = signal.signal(SIG, lambda *args: None)
+        os.kill(os.getpid(), SIG)
+        signal.signal(SIG, mine)
+    """, ""),
 }
-EXPECTED_OUTPUT = {"dropped_in_a_gc_callback": "went on", "taken_by_another_handler": "went on",
-                   "cleanup_not_interrupted": "cleaned up"}
-
 
 @pytest.mark.parametrize(("sig", "status", "word"), [(signal.SIGINT, 130, "interrupted"),
                                                      (signal.SIGTERM, 143, "terminated")], ids=["SIGINT", "SIGTERM"])
 @pytest.mark.parametrize("case", list(CASES))
 def test_the_signal_ends_the_command_however_the_first_delivery_went(case, sig, status, word):
-    script = PRELUDE + f"SIG = signal.{sig.name}\n" + textwrap.dedent(CASES[case])
+    body, printed = CASES[case]
+    script = (PRELUDE + f"SIG = signal.{sig.name}\ndef run():\n" + textwrap.indent(textwrap.dedent(body), "    ")
+              + "command(run)\n")
     run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert run.returncode == status, (run.stdout, run.stderr)
-    lines = run.stdout.split()
     assert run.stdout.splitlines()[-1] == f"ended {word}", run.stdout
-    if case in EXPECTED_OUTPUT:
-        assert EXPECTED_OUTPUT[case] in run.stdout, (lines, run.stderr)
+    assert printed in run.stdout, (run.stdout, run.stderr)
     assert "Traceback" not in run.stderr or case == "dropped_in_a_gc_callback", run.stderr
 
 
@@ -135,17 +121,11 @@ def test_a_command_ended_by_a_signal_exits_even_if_a_thread_of_the_run_hangs():
     same, EXIT_GRACE_S after the command (here 1 s)."""
     script = PRELUDE + textwrap.dedent("""
         import threading
-        import hashdist.signals
-        with SignalWatch() as signals:
-            try:
-                threading.Thread(target=work, args=(120,)).start()  # not a daemon: the interpreter waits for it
-                os.kill(os.getpid(), signal.SIGTERM)
-                work(20)
-            except BaseException as exc:
-                status, word = signals.ending(exc)
-                hashdist.signals.exit_within(1, status)
-                print(f"ended {word}", flush=True)
-                sys.exit(status)
+        def run():
+            threading.Thread(target=work, args=(120,)).start()  # not a daemon: the interpreter waits for it
+            os.kill(os.getpid(), signal.SIGTERM)
+            work(20)
+        command(run, grace=1)
     """)
     started = time.monotonic()
     run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)

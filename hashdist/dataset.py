@@ -46,6 +46,7 @@ DEFAULT_QUERY_CHUNK_ROWS = 1024
 CSR_CHUNK = 1 << 20
 MAX_NBITS = 4096
 
+CODES = ("database/codes", "queries/codes")
 CSR = ("queries/relevant/indptr", "queries/relevant/indices", "queries/relevant/grades")
 FEATURES = ("database/features", "queries/features")
 
@@ -116,7 +117,7 @@ class Dataset:
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             what = f"no {exc.args[0]!r}" if isinstance(exc, KeyError) else f"{type(exc).__name__}: {exc}"
             raise InputError(f"{url}: malformed dataset attributes ({what}); rewrite it with hashdist ingest") from None
-        for name in ("database/codes", "queries/codes"):
+        for name in CODES:
             if name not in self.fingerprints:
                 raise InputError(f"{url}: malformed dataset attributes (no fingerprint of {name})")
         for name, fp in self.fingerprints.items():

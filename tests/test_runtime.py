@@ -86,12 +86,8 @@ def test_successful_run_logs_no_error(tmp_path, cli_env, class_dataset):
 
 
 def _serving(proc) -> bool:
-    """Whether ``proc`` answers Prefect's health check on a loopback port it listens on."""
-    try:
-        ports = [c.laddr.port for c in proc.net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN]
-    except psutil.Error:
-        return False
-    for port in ports:
+    """Whether ``proc`` (or a process under it) answers Prefect's health check on a port it listens on."""
+    for _, port in listening_sockets(proc.pid):
         try:
             if httpx.get(f"http://127.0.0.1:{port}/api/health", timeout=0.5).status_code == 200:
                 return True

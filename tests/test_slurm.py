@@ -89,6 +89,21 @@ def _jobs(env) -> list[str]:
     return out.stdout.splitlines() if out.returncode == 0 else []
 
 
+def _queue_empties(env) -> bool:
+    """Whether SLURM's queue is empty within 30 s (a cluster cancels its jobs as the run ends)."""
+    deadline = time.monotonic() + 30
+    while _jobs(env) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return _jobs(env) == []
+
+
+def _pending_job_kwargs(tmp_path) -> dict:
+    """SLURMCluster arguments whose one job SLURM accepts but keeps pending for 10 minutes."""
+    return {"n_workers": 1, "cores": 1, "memory": "1GiB", "queue": "hashdist", "interface": "lo",
+            "scheduler_options": {"dashboard_address": "127.0.0.1:0"}, "log_directory": str(tmp_path / "jobs"),
+            "job_extra_directives": ["--begin=now+600"]}
+
+
 def _cmdline(pid: int) -> str:
     """The command line of process ``pid`` ("" once it has exited)."""
     try:
@@ -253,10 +268,7 @@ def _check_slurm_run(report, local, slurm, jobs, threads, scheduler, job_sockets
     assert len(logs) == 1, sorted(p.name for p in jobs.iterdir())
     log = logs[0].read_text(errors="replace")
     assert f"Registered to: {scheduler}127.0.0.1:" in " ".join(log.split()), log
-    deadline = time.monotonic() + 30
-    while _jobs(slurm) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert _jobs(slurm) == [], "the per-run cluster left its SLURM job running"
+    assert _queue_empties(slurm), "the per-run cluster left its SLURM job running"
 
 
 def test_slurm_cluster_from_cluster_kwargs(slurm, tmp_path, cli_env, local_report):
@@ -336,9 +348,7 @@ def test_interrupting_a_run_that_waits_for_its_slurm_job(slurm, tmp_path, cli_en
     """
     dataset, _ = local_report
     env = _run_env(cli_env, slurm, tmp_path)
-    kwargs = {"n_workers": 1, "cores": 1, "memory": "1GiB", "queue": "hashdist", "interface": "lo",
-              "scheduler_options": {"dashboard_address": "127.0.0.1:0"}, "log_directory": str(tmp_path / "jobs"),
-              "job_extra_directives": ["--begin=now+600"]}  # accepted, but pending for 10 minutes
+    kwargs = _pending_job_kwargs(tmp_path)
     out = tmp_path / "report"
     cmd = [str(BIN / "hashdist"), "evaluate", str(dataset), "--out", str(out), "--quiet", "--cluster-class",
            "dask_jobqueue.SLURMCluster", "--cluster-kwargs", json.dumps(kwargs)]
@@ -363,10 +373,7 @@ def test_interrupting_a_run_that_waits_for_its_slurm_job(slurm, tmp_path, cli_en
     assert returned == status, stderr
     assert message in stderr
     assert not out.exists()
-    deadline = time.monotonic() + 30
-    while _jobs(slurm) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert _jobs(slurm) == [], "the interrupted run left its SLURM job in the queue"
+    assert _queue_empties(slurm), "the interrupted run left its SLURM job in the queue"
 
 
 def test_a_run_whose_slurm_job_never_starts_ends_after_the_worker_timeout(slurm, tmp_path, cli_env, local_report):
@@ -374,9 +381,7 @@ def test_a_run_whose_slurm_job_never_starts_ends_after_the_worker_timeout(slurm,
     the pending job cancelled."""
     dataset, _ = local_report
     env = {**_run_env(cli_env, slurm, tmp_path), "HASHDIST_WORKER_TIMEOUT": "3"}
-    kwargs = {"n_workers": 1, "cores": 1, "memory": "1GiB", "queue": "hashdist", "interface": "lo",
-              "scheduler_options": {"dashboard_address": "127.0.0.1:0"}, "log_directory": str(tmp_path / "jobs"),
-              "job_extra_directives": ["--begin=now+600"]}  # accepted, but pending for 10 minutes
+    kwargs = _pending_job_kwargs(tmp_path)
     out = tmp_path / "report"
     run = subprocess.run([str(BIN / "hashdist"), "evaluate", str(dataset), "--out", str(out), "--quiet",
                           "--cluster-class", "dask_jobqueue.SLURMCluster", "--cluster-kwargs", json.dumps(kwargs)],
@@ -385,7 +390,4 @@ def test_a_run_whose_slurm_job_never_starts_ends_after_the_worker_timeout(slurm,
     assert run.returncode == 2, run.stderr
     assert len(lines) == 1 and "no worker of the cluster started within 3 s" in lines[0], run.stderr
     assert not out.exists()
-    deadline = time.monotonic() + 30
-    while _jobs(slurm) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert _jobs(slurm) == [], "the run left its SLURM job in the queue"
+    assert _queue_empties(slurm), "the run left its SLURM job in the queue"

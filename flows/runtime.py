@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import atexit
 import contextlib
-import gc
 import json
 import logging
 import math
@@ -273,8 +271,6 @@ def cli_run(debug: bool, server: TemporaryAPIServer | None = None, plots: bool =
     about bad input off the console meanwhile. ``plots``: whether the run draws plots.
     """
     environment_cluster_kwargs()
-    # the process ends after the run: spare the collector a pass over Prefect's heap at exit (about 0.5 s)
-    atexit.register(gc.freeze)
     with contextlib.ExitStack() as stack:
         if server is not None and PREFECT_API_URL.value():
             server.stop()

@@ -8,7 +8,9 @@ mAP dropped significantly against the previous run in DIR. ``--debug`` shows tra
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
+import gc
 import json
 import os
 import sys
@@ -709,7 +711,9 @@ def _run(args, server) -> str:
 def console(server=None) -> int:
     """:func:`main` as a process's entry point: once a signal has ended the command, the process is gone
     within EXIT_GRACE_S, even if a thread the run left behind never ends (not done by :func:`main`, which
-    other programs call)."""
+    other programs call). At exit the collector's heap is frozen: the interpreter's last collection would
+    otherwise walk every object the command left (about 0.15 s of a 1 s command)."""
+    atexit.register(gc.freeze)
     status = main(server=server)
     if status in EXIT_STATUS.values():
         exit_within(EXIT_GRACE_S, status)

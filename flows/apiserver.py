@@ -30,11 +30,17 @@ from pathlib import Path
 # Prefect's settings for the server process, over the environment: a database of its own, already
 # migrated and with Prefect's block types; no block registration check at start (it would hash every
 # block type and rewrite Prefect's memo store, for a database that never outlives the run); no UI.
-# PREFECT__SERVER_EPHEMERAL runs only the services a temporary server needs, as Prefect's own.
+# PREFECT__SERVER_EPHEMERAL runs only the services Prefect's own temporary server runs, and of those none:
+# they record the events a run sends (its task runs, for the UI) and act on them (automations, streams to
+# subscribers), and nothing reads a database that goes with the run; the API itself still answers everything.
 SERVER_SETTINGS = {"PREFECT_SERVER_DATABASE_MIGRATE_ON_START": "false",
                    "PREFECT_SERVER_REGISTER_BLOCKS_ON_START": "false",
                    "PREFECT_MEMOIZE_BLOCK_AUTO_REGISTRATION": "false",
-                   "PREFECT_UI_ENABLED": "false", "PREFECT__SERVER_EPHEMERAL": "1"}
+                   "PREFECT_UI_ENABLED": "false", "PREFECT__SERVER_EPHEMERAL": "1",
+                   "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_ENABLED": "false",
+                   "PREFECT_SERVER_SERVICES_EVENT_PERSISTER_ENABLED": "false",
+                   "PREFECT_SERVER_SERVICES_TRIGGERS_ENABLED": "false",
+                   "PREFECT_API_EVENTS_STREAM_OUT_ENABLED": "false"}
 
 
 class TemporaryAPIServer:
@@ -122,6 +128,7 @@ def serve() -> None:
 
     config = uvicorn.Config("prefect.server.api.server:create_app", factory=True, lifespan="on", log_level="error")
     _only_flow_run_routers()
+    _one_app_cache_key()
     config.load()  # creates the app
     gc.freeze()
     gc.enable()
@@ -133,20 +140,30 @@ def serve() -> None:
 # the API's routers whose routes a flow run calls (flows.evaluate, compare, groundtruth, history: the run, its
 # states and task runs, logs, events, artifacts, concurrency slots of tagged tasks) and those the client and the
 # warm-up call (admin, csrf_token, root); Prefect's server also serves deployments, work pools, blocks, automations,
-# variables and its UI's queries, which a temporary server's single run never uses
-FLOW_RUN_ROUTERS = ("flows", "flow_runs", "flow_run_states", "task_runs", "task_run_states", "logs", "events",
-                    "artifacts", "concurrency_limits", "concurrency_limits_v2", "admin", "csrf_token", "root")
+# variables and its UI's queries, which a temporary server's single run never uses. In the order of a run's first
+# requests: a request matches the routers in turn, and FastAPI builds a router's routes when a request first
+# reaches it, so the first requests (the version, the flow, the run) build only the routers they need.
+FLOW_RUN_ROUTERS = ("admin", "csrf_token", "flows", "flow_runs", "artifacts", "events", "logs", "task_runs",
+                    "flow_run_states", "task_run_states", "concurrency_limits", "concurrency_limits_v2", "root")
 
 
 def _only_flow_run_routers() -> None:
-    """Imports Prefect's server and leaves in its app only the routers a flow run calls. Each route costs the
-    server's start: FastAPI copies it into the app and builds its models on the first request (with every
-    router, 0.3 to 0.4 s more before the first answer)."""
+    """Imports Prefect's server and leaves in its app only the routers a flow run calls, in FLOW_RUN_ROUTERS's
+    order. Each route costs the server's start: FastAPI copies it into the app and builds its models when a
+    request first reaches its router (with every router, 0.3 to 0.4 s more before the first answer)."""
     import prefect.server.api as api
     import prefect.server.api.server as server
 
-    used = {id(getattr(api, name).router) for name in FLOW_RUN_ROUTERS}
-    server.API_ROUTERS = tuple(router for router in server.API_ROUTERS if id(router) in used)
+    routers = {id(router): router for router in server.API_ROUTERS}
+    server.API_ROUTERS = tuple(routers[id(getattr(api, name).router)] for name in FLOW_RUN_ROUTERS)
+
+
+def _one_app_cache_key() -> None:
+    """Prefect keys its caches of apps by a hash of every setting, which serializes them all (0.05 s, twice as
+    the app is created); this process creates one app, with settings that do not change, so one key serves."""
+    from prefect.settings import Settings
+
+    Settings.hash_key = lambda self: "hashdist-temporary-server"
 
 
 # read-only requests that make a new server set up what it builds on first use, the routes a flow run calls

@@ -5,7 +5,9 @@ caching; Prefect tasks take runs of them, because each Prefect task run costs ab
 0.1 s of CPU (submission in the flow process, context and API clients on the
 worker): one histogram task per cluster thread (more for very large runs), each
 reading its own Zarr rows on the worker and returning partial histograms summed
-per query block (``hashdist.engine.Partials``).
+per query block (``hashdist.engine.Partials``). A run of a single histogram block
+(or on a one-thread cluster) takes one task for its histograms and its first pass
+of code counts.
 
 Those results stay on the workers, and the reduction runs there too, as plain Dask
 tasks over the same library functions ``--engine local`` uses: each finished share
@@ -79,6 +81,26 @@ def histogram_task(plan, blocks, cache_dir):
 def count_task(plan, blocks, parts):
     """The distinct codes of some database blocks in one pass's code parts, a piece per part."""
     return count_codes(plan, blocks, parts)
+
+
+@dataclass
+class ShareAndCounts:
+    """A histogram share's Partials and a group's CodePieces side by side: the reduction reads either's
+    fields (sums and tallies, pieces and bit_ones) from it as from them."""
+
+    sums: dict
+    tallies: dict
+    pieces: dict
+    bit_ones: np.ndarray | int
+
+
+@task(name="histogram-blocks-and-code-counts", **TASK_OPTIONS)
+def share_and_counts_task(plan, blocks, count_blocks, parts, cache_dir):
+    """A run with one histogram share and one group of code counts, in one task: a Prefect task run costs the
+    flow's process about 0.1 s of CPU, more than such a small run's two tasks have to do."""
+    share = run_blocks(plan, blocks, resolve_cache(cache_dir))
+    counts = count_codes(plan, count_blocks, parts)
+    return ShareAndCounts(share.sums, share.tallies, counts.pieces, counts.bit_ones)
 
 
 def _publish_artifacts(report: dict) -> None:
@@ -241,10 +263,15 @@ def evaluate(
     if workers_in_this_process():  # a first run's metric functions compile in a second process meanwhile
         precompile.start()
     plan = for_threads(plan, threads)
-    futures = {histogram_task.submit(plan, run, cache_arg).wrapped_future: run
-               for run in work_shares(plan, max(threads, math.ceil(plan.pairs / PAIRS_PER_TASK)))}
-    # the first pass of code counting needs no histogram: it runs beside them, or as threads come free
-    first_counts = submit_counts(plan, code_passes(plan)[0], threads)
+    shares = work_shares(plan, max(threads, math.ceil(plan.pairs / PAIRS_PER_TASK)))
+    groups = count_shares(plan, threads)
+    if len(shares) == len(groups) == 1:  # a small run (or a one-thread cluster): one task for both
+        state = share_and_counts_task.submit(plan, shares[0], groups[0], code_passes(plan)[0], cache_arg)
+        futures, first_counts = {state.wrapped_future: shares[0]}, [state.wrapped_future]
+    else:
+        futures = {histogram_task.submit(plan, run, cache_arg).wrapped_future: run for run in shares}
+        # the first pass of code counting needs no histogram: it runs beside them, or as threads come free
+        first_counts = submit_counts(plan, code_passes(plan)[0], threads)
     items, picks, pairs_done = metric_items(plan), [], 0
     client = FlowRunContext.get().task_runner.client
     with client.as_current(), progress_bar(len(plan.histogram_blocks), progress) as bar:

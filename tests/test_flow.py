@@ -29,6 +29,34 @@ def test_flow_on_local_cluster_equals_single_process(class_dataset, tmp_path):
     assert _metrics(rerun) == _metrics(local)
 
 
+def test_a_one_block_run_takes_one_task_and_equals_single_process(class_dataset, monkeypatch):
+    """One histogram block: its share and its code counts run as one Prefect task (a task run costs the flow's
+    process about 0.1 s); with several blocks, a task per share and per group of code counts. Exact both ways."""
+    import flows.evaluate as evaluate_module
+
+    submitted = []
+
+    def spy(task):
+        def submit(*args, **kwargs):
+            submitted.append(task.name)
+            return real(*args, **kwargs)
+
+        real = task.submit
+        return submit
+
+    for task in (evaluate_module.histogram_task, evaluate_module.count_task, evaluate_module.share_and_counts_task):
+        monkeypatch.setattr(task, "submit", spy(task))
+    local = _metrics(evaluate_local(class_dataset, cache=False))
+    assert _metrics(evaluate_module.run_evaluation(class_dataset, cache=False, threads=2)) == local
+    assert submitted == ["histogram-blocks-and-code-counts"]
+    submitted.clear()
+    blocks = evaluate_module.run_evaluation(class_dataset, cache=False, threads=2, query_block_rows=35,
+                                            db_block_rows=1000)
+    assert _metrics(blocks) == local
+    assert "histogram-blocks-and-code-counts" not in submitted
+    assert {"histogram-blocks", "code-counts"} <= set(submitted)
+
+
 def test_flow_on_external_loopback_cluster_equals_single_process(class_dataset, loopback_cluster):
     from flows.evaluate import run_evaluation
 

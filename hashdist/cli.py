@@ -649,9 +649,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv=None, server=None) -> int:
+def main(argv=None, server=None, collector_paused: bool = False) -> int:
     """The command line; ``server``: a temporary Prefect API server already started for a flow run
-    (``flows.apiserver.launch``), stopped here if the command does not run a flow."""
+    (``flows.apiserver.launch``), stopped here if the command does not run a flow; ``collector_paused``: the
+    caller turned Python's garbage collector off while modules load, to be turned on when the command starts."""
     try:
         args = build_parser().parse_args(argv)
     except SystemExit as exc:  # --help, or a usage error already reported in one line
@@ -663,7 +664,7 @@ def main(argv=None, server=None) -> int:
     os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "warning")
     with SignalWatch() as signals:
         try:
-            message = _run(args, server)
+            message = _run(args, server, collector_paused)
         except _Dropped as exc:  # evaluate --history: the report is written, the run recorded
             print(exc.output)
             sys.stderr.write(f"{exc.message}\n")
@@ -687,8 +688,9 @@ def main(argv=None, server=None) -> int:
     return 0
 
 
-def _run(args, server) -> str:
-    """Runs the parsed command, the flow commands with Prefect set up (and the temporary API server)."""
+def _run(args, server, collector_paused: bool = False) -> str:
+    """Runs the parsed command, the flow commands with Prefect set up (and the temporary API server); a paused
+    garbage collector (see :func:`main`) is turned back on just before the command runs, what was loaded frozen."""
     with contextlib.ExitStack() as stack:
         if args.command in CHECKS:
             CHECKS[args.command](args)
@@ -705,16 +707,19 @@ def _run(args, server) -> str:
             stack.enter_context(runtime.cli_run(debug=args.debug, server=server, plots=plots))
         elif server is not None:
             server.stop()
+        if collector_paused:
+            gc.freeze()
+            gc.enable()
         return COMMANDS[args.command][1](args)
 
 
-def console(server=None) -> int:
+def console(server=None, collector_paused: bool = False) -> int:
     """:func:`main` as a process's entry point: once a signal has ended the command, the process is gone
     within EXIT_GRACE_S, even if a thread the run left behind never ends (not done by :func:`main`, which
     other programs call). At exit the collector's heap is frozen: the interpreter's last collection would
     otherwise walk every object the command left (about 0.15 s of a 1 s command)."""
     atexit.register(gc.freeze)
-    status = main(server=server)
+    status = main(server=server, collector_paused=collector_paused)
     if status in EXIT_STATUS.values():
         exit_within(EXIT_GRACE_S, status)
     return status

@@ -296,6 +296,20 @@ def test_cli_uses_a_configured_api_server_and_starts_none(tmp_path, cli_env, cla
         cli.stderr.close()
 
 
+def test_the_console_script_runs_the_command_with_the_collector_on(tmp_path):
+    # launch() turns Python's garbage collector off while modules load; the command itself (a long run's
+    # cycles) must run with it on again, the loaded modules frozen out of its way
+    code = ("import gc, sys; import hashdist.cli as cli; from flows.apiserver import launch\n"
+            "cli.COMMANDS['synth'] = (cli.COMMANDS['synth'][0], "
+            "lambda args: f'collector {gc.isenabled()} frozen {gc.get_freeze_count() > 1000}')\n"
+            "sys.argv = ['hashdist', 'synth', '--preset', 'demo', '--out', sys.argv[1]]; sys.exit(launch())")
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "d.zarr")], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["collector", "True", "frozen", "True"]
+    assert not (tmp_path / "d.zarr").exists()
+
+
 @pytest.mark.parametrize("plots", [False, True])
 def test_preload_loads_what_the_run_needs(plots):
     code = ("import sys; from flows.runtime import _load_while_waiting; _load_while_waiting(plots=%s); "

@@ -5,9 +5,9 @@ caching; Prefect tasks take runs of them, because each Prefect task run costs ab
 0.1 s of CPU (submission in the flow process, context and API clients on the
 worker): one histogram task per cluster thread (more for very large runs), each
 reading its own Zarr rows on the worker and returning partial histograms summed
-per query block (``hashdist.engine.Partials``). A run of a single histogram block
-(or on a one-thread cluster) takes one task for its histograms and its first pass
-of code counts.
+per query block (``hashdist.engine.Partials``). Each histogram share also takes
+a group of the first pass of code counts along, while there are groups (one per
+cluster thread), in the same task.
 
 Those results stay on the workers, and the reduction runs there too, as plain Dask
 tasks over the same library functions ``--engine local`` uses: each finished share
@@ -49,6 +49,7 @@ from hashdist.codeusage import bucket_sizes
 from hashdist.defaults import DEFAULT_BETA, DEFAULT_DISTANCE_BINS, DEFAULT_RADII
 from hashdist.engine import (
     TALLIES,
+    CodePieces,
     RunResult,
     add_sums,
     assemble,
@@ -85,8 +86,8 @@ def count_task(plan, blocks, parts):
 
 @dataclass
 class ShareAndCounts:
-    """A histogram share's Partials and a group's CodePieces side by side: the reduction reads either's
-    fields (sums and tallies, pieces and bit_ones) from it as from them."""
+    """A histogram share's Partials and a group's CodePieces side by side: the reduction picks the share's
+    fields (sums and tallies) from it as from a Partials, and the counts (pieces and bit_ones) apart."""
 
     sums: dict
     tallies: dict
@@ -96,8 +97,9 @@ class ShareAndCounts:
 
 @task(name="histogram-blocks-and-code-counts", **TASK_OPTIONS)
 def share_and_counts_task(plan, blocks, count_blocks, parts, cache_dir):
-    """A run with one histogram share and one group of code counts, in one task: a Prefect task run costs the
-    flow's process about 0.1 s of CPU, more than such a small run's two tasks have to do."""
+    """A histogram share and a group of code counts in one task: a Prefect task run costs the flow's process
+    about 0.1 s of CPU (0.04 s of it submitting), and the counts, a fraction of the histograms' work, would wait
+    for a free thread anyway."""
     share = run_blocks(plan, blocks, resolve_cache(cache_dir))
     counts = count_codes(plan, count_blocks, parts)
     return ShareAndCounts(share.sums, share.tallies, counts.pieces, counts.bit_ones)
@@ -153,6 +155,12 @@ def _piece(state, part: int):
 
 def _bit_ones(state):
     return _value(state).bit_ones
+
+
+def _share_counts(state) -> CodePieces:
+    """The code counts a share-and-counts task carries, apart from its histograms (released once taken apart)."""
+    both = _value(state)
+    return CodePieces(both.pieces, both.bit_ones)
 
 
 def _part_bucket_sizes(part):
@@ -264,16 +272,18 @@ def evaluate(
         precompile.start()
     plan = for_threads(plan, threads)
     shares = work_shares(plan, max(threads, math.ceil(plan.pairs / PAIRS_PER_TASK)))
-    groups = count_shares(plan, threads)
-    if len(shares) == len(groups) == 1:  # a small run (or a one-thread cluster): one task for both
-        state = share_and_counts_task.submit(plan, shares[0], groups[0], code_passes(plan)[0], cache_arg)
-        futures, first_counts = {state.wrapped_future: shares[0]}, [state.wrapped_future]
-    else:
-        futures = {histogram_task.submit(plan, run, cache_arg).wrapped_future: run for run in shares}
-        # the first pass of code counting needs no histogram: it runs beside them, or as threads come free
-        first_counts = submit_counts(plan, code_passes(plan)[0], threads)
-    items, picks, pairs_done = metric_items(plan), [], 0
+    groups, first_pass = count_shares(plan, threads), code_passes(plan)[0]
     client = FlowRunContext.get().task_runner.client
+    # a task per share, taking a group of the first pass's code counts along while there are groups; the counts
+    # are taken apart from the histograms as the task ends, so its histograms are released once picked
+    futures, first_counts = {}, []
+    for share, group in zip(shares, groups, strict=False):  # the shorter list pairs with the first of the other
+        state = share_and_counts_task.submit(plan, share, group, first_pass, cache_arg).wrapped_future
+        futures[state] = share
+        first_counts.append(client.submit(_share_counts, state))
+    futures |= {histogram_task.submit(plan, run, cache_arg).wrapped_future: run for run in shares[len(groups):]}
+    first_counts += [count_task.submit(plan, group, first_pass).wrapped_future for group in groups[len(shares):]]
+    items, picks, pairs_done = metric_items(plan), [], 0
     with client.as_current(), progress_bar(len(plan.histogram_blocks), progress) as bar:
         for state in as_completed(list(futures)):  # waits without fetching: the results stay on the workers
             blocks = futures.pop(state)

@@ -62,18 +62,23 @@ def test_killed_dask_worker_does_not_change_the_result(busy_dataset, loopback_cl
     from flows.runtime import TASK_OPTIONS
 
     address, procs = loopback_cluster
-    gate, real = tmp_path / "open", evaluate_module.histogram_task.fn
+    gate = tmp_path / "open"
 
-    def gated(plan, blocks, cache_dir):
-        call = f"{os.getpid()}-{time.monotonic_ns()}"
-        (tmp_path / f"running-{call}").touch()
-        deadline = time.monotonic() + 300
-        while not gate.exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        (tmp_path / f"passed-{call}").touch()
-        return real(plan, blocks, cache_dir)
+    def gated(real):
+        def run(*args):
+            call = f"{os.getpid()}-{time.monotonic_ns()}"
+            (tmp_path / f"running-{call}").touch()
+            deadline = time.monotonic() + 300
+            while not gate.exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            (tmp_path / f"passed-{call}").touch()
+            return real(*args)
 
-    monkeypatch.setattr(evaluate_module, "histogram_task", task(gated, name="histogram-blocks", **TASK_OPTIONS))
+        return run
+
+    for name in ("histogram_task", "share_and_counts_task"):  # a share runs alone or with its code counts
+        real = getattr(evaluate_module, name)
+        monkeypatch.setattr(evaluate_module, name, task(gated(real.fn), name=real.name, **TASK_OPTIONS))
     outcome = {}
 
     def run():

@@ -29,9 +29,10 @@ def test_flow_on_local_cluster_equals_single_process(class_dataset, tmp_path):
     assert _metrics(rerun) == _metrics(local)
 
 
-def test_a_one_block_run_takes_one_task_and_equals_single_process(class_dataset, monkeypatch):
-    """One histogram block: its share and its code counts run as one Prefect task (a task run costs the flow's
-    process about 0.1 s); with several blocks, a task per share and per group of code counts. Exact both ways."""
+def test_each_share_takes_its_code_counts_along_and_equals_single_process(class_dataset, monkeypatch):
+    """Each histogram share runs with a group of the first pass's code counts in one Prefect task (a task run
+    costs the flow's process about 0.1 s) while there are groups; shares beyond the groups (fewer database
+    blocks than threads) run alone, and later passes of code counts in tasks of their own. Exact every way."""
     import flows.evaluate as evaluate_module
 
     submitted = []
@@ -47,14 +48,17 @@ def test_a_one_block_run_takes_one_task_and_equals_single_process(class_dataset,
     for task in (evaluate_module.histogram_task, evaluate_module.count_task, evaluate_module.share_and_counts_task):
         monkeypatch.setattr(task, "submit", spy(task))
     local = _metrics(evaluate_local(class_dataset, cache=False))
-    assert _metrics(evaluate_module.run_evaluation(class_dataset, cache=False, threads=2)) == local
-    assert submitted == ["histogram-blocks-and-code-counts"]
-    submitted.clear()
-    blocks = evaluate_module.run_evaluation(class_dataset, cache=False, threads=2, query_block_rows=35,
-                                            db_block_rows=1000)
-    assert _metrics(blocks) == local
-    assert "histogram-blocks-and-code-counts" not in submitted
-    assert {"histogram-blocks", "code-counts"} <= set(submitted)
+    cases = [
+        ({}, ["histogram-blocks-and-code-counts"]),  # one histogram block
+        ({"query_block_rows": 35, "db_block_rows": 1000}, ["histogram-blocks-and-code-counts"] * 2),
+        ({"query_block_rows": 35}, ["histogram-blocks-and-code-counts", "histogram-blocks"]),  # one database block
+        ({"query_block_rows": 35, "db_block_rows": 1000, "code_parts": 4},
+         ["histogram-blocks-and-code-counts"] * 2 + ["code-counts"] * 2),  # a second pass of two parts
+    ]
+    for options, tasks in cases:
+        submitted.clear()
+        assert _metrics(evaluate_module.run_evaluation(class_dataset, cache=False, threads=2, **options)) == local
+        assert submitted == tasks, options
 
 
 def test_flow_on_external_loopback_cluster_equals_single_process(class_dataset, loopback_cluster):

@@ -14,7 +14,8 @@ tasks over the same library functions ``--engine local`` uses: each finished sha
 is taken apart on its worker (sums per metric item, tallies), each metric item's
 partial histograms are summed in a tree, and per-query metrics are computed beside
 the sums. The database's distinct codes are counted in passes of a few code parts
-(one ``code-counts`` task per cluster thread and pass): each part is merged from its
+(a group of database blocks per cluster thread and pass: in the first pass with a
+share, in later ones as a ``code-counts`` task): each part is merged from its
 pieces on one worker and searched for M_k there, and a pass starts when the one
 before has finished, so no process holds every distinct code and memory does not
 grow with the database. Only per-query values (O(Q)) and small tallies reach the

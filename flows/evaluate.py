@@ -159,7 +159,7 @@ def _bit_ones(state):
 
 
 def _share_counts(state) -> CodePieces:
-    """The code counts a share-and-counts task carries, apart from its histograms (released once taken apart)."""
+    """The code counts a completed share-and-counts task carries, apart from its histograms."""
     both = _value(state)
     return CodePieces(both.pieces, both.bit_ones)
 
@@ -274,24 +274,23 @@ def evaluate(
     plan = for_threads(plan, threads)
     shares = work_shares(plan, max(threads, math.ceil(plan.pairs / PAIRS_PER_TASK)))
     groups, first_pass = count_shares(plan, threads), code_passes(plan)[0]
+    # a task per share, taking a group of the first pass's code counts along while there are groups
+    paired = min(len(shares), len(groups))
+    futures = {(share_and_counts_task.submit(plan, share, groups[i], first_pass, cache_arg) if i < paired
+                else histogram_task.submit(plan, share, cache_arg)).wrapped_future: i for i, share in enumerate(shares)}
+    later_groups = [count_task.submit(plan, group, first_pass).wrapped_future for group in groups[paired:]]
+    items, picks, pairs_done, share_counts = metric_items(plan), [], 0, {}
     client = FlowRunContext.get().task_runner.client
-    # a task per share, taking a group of the first pass's code counts along while there are groups; the counts
-    # are taken apart from the histograms as the task ends, so its histograms are released once picked
-    futures, first_counts = {}, []
-    for share, group in zip(shares, groups, strict=False):  # the shorter list pairs with the first of the other
-        state = share_and_counts_task.submit(plan, share, group, first_pass, cache_arg).wrapped_future
-        futures[state] = share
-        first_counts.append(client.submit(_share_counts, state))
-    futures |= {histogram_task.submit(plan, run, cache_arg).wrapped_future: run for run in shares[len(groups):]}
-    first_counts += [count_task.submit(plan, group, first_pass).wrapped_future for group in groups[len(shares):]]
-    items, picks, pairs_done = metric_items(plan), [], 0
     with client.as_current(), progress_bar(len(plan.histogram_blocks), progress) as bar:
         for state in as_completed(list(futures)):  # waits without fetching: the results stay on the workers
-            blocks = futures.pop(state)
-            picks.append(pick_share(client, items, blocks, state))  # its result is released once taken apart
-            pairs_done += sum(block.pairs for block in blocks)
-            bar.update(len(blocks))
+            i = futures.pop(state)
+            picks.append(pick_share(client, items, shares[i], state))  # its result is released once taken apart
+            if i < paired:  # its code counts apart too, now that it is known to have completed
+                share_counts[i] = client.submit(_share_counts, state)
+            pairs_done += sum(block.pairs for block in shares[i])
+            bar.update(len(shares[i]))
             bar.set_postfix_str(f"{pairs_done / max(time.time() - t_start, 1e-9):.3g} pairs/s")
+        first_counts = [share_counts[i] for i in range(paired)] + later_groups
         t_compute = time.time()
         result = reduce_on_cluster(client, plan, params, items, picks, threads, first_counts)
     started_at = started_at or t_start

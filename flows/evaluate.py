@@ -87,13 +87,12 @@ def count_task(plan, blocks, parts):
 
 @dataclass
 class ShareAndCounts:
-    """A histogram share's Partials and a group's CodePieces side by side: the reduction picks the share's
-    fields (sums and tallies) from it as from a Partials, and the counts (pieces and bit_ones) apart."""
+    """A histogram share's Partials fields (the reduction picks sums and tallies from it as from a Partials) and
+    a group's code counts."""
 
     sums: dict
     tallies: dict
-    pieces: dict
-    bit_ones: np.ndarray | int
+    counts: CodePieces
 
 
 @task(name="histogram-blocks-and-code-counts", **TASK_OPTIONS)
@@ -103,7 +102,7 @@ def share_and_counts_task(plan, blocks, count_blocks, parts, cache_dir):
     for a free thread anyway."""
     share = run_blocks(plan, blocks, resolve_cache(cache_dir))
     counts = count_codes(plan, count_blocks, parts)
-    return ShareAndCounts(share.sums, share.tallies, counts.pieces, counts.bit_ones)
+    return ShareAndCounts(share.sums, share.tallies, counts)
 
 
 def _publish_artifacts(report: dict) -> None:
@@ -160,8 +159,7 @@ def _bit_ones(state):
 
 def _share_counts(state) -> CodePieces:
     """The code counts a completed share-and-counts task carries, apart from its histograms."""
-    both = _value(state)
-    return CodePieces(both.pieces, both.bit_ones)
+    return _value(state).counts
 
 
 def _part_bucket_sizes(part):

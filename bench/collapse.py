@@ -44,9 +44,9 @@ from hashdist.kernels import collapse  # noqa: E402
 from hashdist.kernels.collapse import (  # noqa: E402
     auto_histogram_block,
     collapsed_histogram_block,
-    distinct_rows,
     should_collapse,
 )
+from hashdist.kernels.distinct import distinct_rows  # noqa: E402
 from hashdist.kernels.histogram import histogram_block  # noqa: E402
 from hashdist.synth import PRESETS, synth_dataset  # noqa: E402
 

@@ -9,9 +9,9 @@ from hashdist.kernels import collapse
 from hashdist.kernels.collapse import (
     auto_histogram_block,
     collapsed_histogram_block,
-    distinct_rows,
     should_collapse,
 )
+from hashdist.kernels.distinct import distinct_rows
 from hashdist.kernels.histogram import histogram_block
 from hashdist.synth import PRESETS, synth_dataset
 

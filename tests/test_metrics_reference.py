@@ -713,7 +713,7 @@ def test_multilabel_grouped_by_label_rows_matches_bruteforce(monkeypatch, nbits,
     """Multi-label blocks of one- and two-word codes whose label rows recur (a few label sets, heavy distance ties) are
     counted over runs of equal label rows (whatever this CPU would pick): every item (MIN_RUN 1), runs of 8 or
     more and the rest by the cell kernel, or none."""
-    monkeypatch.setattr(histogram, "_fused_distance_counts", lambda: True)
+    monkeypatch.setattr(histogram, "_grouped_multilabel", lambda: True)
     monkeypatch.setattr(histogram, "MIN_GROUPED_PAIRS", 0)
     rng = np.random.default_rng(nbits + concepts)
     Q, N, max_grade = 257, 800, 3  # 257 queries: the grouped route, and a last partial tile

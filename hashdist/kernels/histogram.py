@@ -15,9 +15,9 @@ a constant stride.
 
 Multi-label blocks of one- and two-word codes whose label rows recur (the presets' Zipf-distributed
 concepts give 7,900 to 25,000 distinct rows per 262,144 items) are grouped by label row
-on the same CPUs: within a run of equal rows each query's grade is fixed, so a fused loop
-counts the run's distances at a per-run offset, and only items in short runs go through
-the cell kernel.
+on the same CPUs and on AMD Zen 4: within a run of equal rows each query's grade is fixed, so a fused loop
+counts the run's distances at a per-run offset, and only items whose label row is their own go
+through the cell kernel.
 
 Class labels with few relevant pairs take a cheaper route: distances of all items
 are counted without grades (the fused loop, else small joint tables), the block is grouped by label so
@@ -40,6 +40,7 @@ from pathlib import Path
 import numpy as np
 
 from hashdist.kernels import cached_njit
+from hashdist.kernels.distinct import distinct_rows
 from hashdist.kernels.popcount import hamming
 
 TILE = 4
@@ -48,15 +49,15 @@ MAX_JOINT_CELLS = 258**2  # largest joint table per query pair (B=128 class, B=2
 MAX_UNROLLED_WORDS = 8
 MAX_RELEVANT_FRACTION = 0.2  # class split: at most this share of same-label pairs...
 MIN_SPLIT_QUERIES = 256  # ...and enough queries to pay for grouping the block by label (class or multi-label)
-MIN_RUN = 8  # multi-label: items sharing a label row that the grouped kernel counts as one run...
+MIN_RUN = 2  # multi-label: items sharing a label row that the grouped kernel counts as one run...
 MIN_GROUPED_PAIRS = 1 << 27  # ...in blocks of this many pairs or more (~0.1 s; smaller ones gain less than
 # the kernel costs to load, or on a first run to compile: about 1.2 s)...
 LABEL_SAMPLE = 4096  # ...when, in a strided sample of this many of the block's label rows,
 MIN_RECURRING_SHARE = 0.5  # at least this share of the rows recur (grouping then pays for its sort)
 FUSED_TILES = (8, 16)  # queries a pass of the fused distance-count kernel for one-word codes, and longer ones...
 MAX_FUSED_WORDS = 4  # ...of up to this many words (measured at 1, 2 and 4)
-GROUPED_TILES = (4, 8)  # queries a pass of the grouped multi-label kernel for one-word codes, and two-word ones
-MAX_GROUPED_WORDS = 2  # (measured at 1 and 2)
+GROUPED_TILE = 8  # queries a pass of the grouped multi-label kernel, for codes of up to...
+MAX_GROUPED_WORDS = 2  # ...this many words (measured at 1 and 2)
 
 
 def _distance_terms(words: int, items: str) -> tuple[str, str, str]:
@@ -195,13 +196,6 @@ def kernel(qc, dc, H, segments, ncols, J):
 """
 
 
-def _grouped_tile(words: int) -> int:
-    """Queries a pass of the grouped kernel. On znver3 (1,024 x 262,144 clustered codes, the kernel bench's and the
-    flickr1m preset's labels), one word: 4 queries 0.149-0.184 s, 8 0.151-0.188 s; two words: 8 0.232-0.265 s,
-    4 0.262-0.320 s (the cell kernel: 0.320-0.330 s)."""
-    return GROUPED_TILES[words > 1]
-
-
 def _fused_row_length(words: int) -> int:
     """Counts per query in the fused kernel: every distance of codes of ``words`` words."""
     return 64 * words + 1
@@ -219,15 +213,17 @@ def _grouped_source(words: int, label_words: int) -> str:
     ``dc`` holds the runs' items word-major, run i being items ``run_starts[i]:run_starts[i + 1]``
     with label row ``run_labels[i]`` (see :func:`_label_runs`). Within a run each query's grade is
     fixed, so its cell offset (query slot + grade row) is computed once per run and the items' loop
-    only counts distances: scalar POPCNTs and one increment per pair, as the fused kernel. The counters are
-    indexed by unsigned integers: a signed index costs a negative-index check per increment (a third
-    of the throughput here) unless every term of it is a constant of the source. J (:func:`_grouped_tile`
+    only counts distances: scalar POPCNTs and one increment per pair, as the fused kernel. The counters and
+    the items are indexed by unsigned integers: numba checks a signed index for a negative value unless LLVM
+    can prove it is not: a third of the throughput for the counters' index; for the items' index, which
+    starts at a run-time value, 88 -> 63 ms (1,024 queries x 195,484 items in runs, znver3, 8 queries a pass:
+    without the check the loop no longer spills to the stack). J (GROUPED_TILE
     slots of ``grades * nbd`` int32 counts) is zero on entry and on exit. ``label_words`` in 1..MAX_UNROLLED_WORDS
     unrolls the label words (the kernel then compiles in about half the time); 0 loops over each row.
     """
     code, item, _ = _distance_terms(words, ":")
     load, dist = _loaded_distance_terms(words)
-    tile = _grouped_tile(words)
+    tile = GROUPED_TILE
     if label_words:
         label = "; ".join(f"l{{t}}_{w} = qr[k{{t}}, {w}]" for w in range(label_words))
         common = " + ".join(f"popcount64(l{{t}}_{w} & r[{w}])" for w in range(label_words))
@@ -250,7 +246,7 @@ def kernel(qc, qr, dc, run_labels, run_starts, H, grades, ncols, J):
         for i in range(run_labels.shape[0]):
             r = run_labels[i]
 {per_query("o{t} = np.uint64({t} * ncell + min(" + common + ", grades - 1) * nbd)", 12)}
-            for j in range(run_starts[i], run_starts[i + 1]):
+            for j in range(np.uint64(run_starts[i]), np.uint64(run_starts[i + 1])):
                 {load}
 {per_query("J[o{t} + np.uint64(" + dist + ")] += 1", 16)}
         for t in range({tile}):
@@ -306,20 +302,32 @@ def _compile(kernel_source: str):
         return namespace["kernel"]
 
 
-# numba target CPUs (LLVM's names) on which scalar kernels count distances faster (the fused kernel, and the
-# grouped one for multi-label blocks): AMD Zen 1-3 have no vector popcount (LLVM counts bits
-# in vectors by byte-table lookups) and retire four scalar POPCNTs per cycle, where Intel cores retire one.
-# Measured on znver3, where they win; on znver4 (AVX-512 VPOPCNTDQ) they lost 3-48% to the two-phase kernel.
+# numba target CPUs (LLVM's names) on which the fused kernel counts distances faster than the two-phase one: AMD
+# Zen 1-3 have no vector popcount (LLVM counts bits in vectors by byte-table lookups) and retire four scalar POPCNTs
+# per cycle, where Intel cores retire one. Measured on znver3, where it wins; on znver4 (AVX-512 VPOPCNTDQ) it lost
+# 3-48% to the two-phase kernel.
 FUSED_CPUS = frozenset({"znver1", "znver2", "znver3"})
+# ...and those on which grouping multi-label blocks by label row pays: the grouped kernel counts distances with scalar
+# POPCNTs too, but it computes each grade once per run instead of once per pair. On znver4 it took 0.74 of the
+# two-phase kernel's time on the presets' blocks (the same at B = 128 on the kernel bench's labels).
+GROUPED_CPUS = FUSED_CPUS | {"znver4"}
 
 
 @functools.cache
-def _fused_distance_counts() -> bool:
-    """Whether numba's target CPU (NUMBA_CPU_NAME, else this host's) is one of FUSED_CPUS."""
+def _target_cpu() -> str:
+    """numba's target CPU: NUMBA_CPU_NAME, else this host's (LLVM's name)."""
     from llvmlite import binding
     from numba import config
 
-    return (config.CPU_NAME or binding.get_host_cpu_name()) in FUSED_CPUS
+    return config.CPU_NAME or binding.get_host_cpu_name()
+
+
+def _fused_distance_counts() -> bool:
+    return _target_cpu() in FUSED_CPUS
+
+
+def _grouped_multilabel() -> bool:
+    return _target_cpu() in GROUPED_CPUS
 
 
 _KERNELS: dict = {}
@@ -473,13 +481,15 @@ def _labels_recur(labels) -> bool:
 
 def _label_runs(labels):
     """Items grouped by label row: (items in runs of at least MIN_RUN equal rows, in run order; run starts
-    in that list; the runs' label rows; the other items)."""
-    order, first, lengths = _equal_row_runs(labels)
-    long = lengths >= MIN_RUN
-    in_long = np.repeat(long, lengths)
-    starts = np.zeros(int(long.sum()) + 1, dtype=np.int64)
-    np.cumsum(lengths[long], out=starts[1:])
-    return order[in_long], starts, np.ascontiguousarray(labels[order[first[long]]]), order[~in_long]
+    in that list; the runs' label rows; the other items). The rows are told apart by hashing (3 ms for 262,144
+    rows, where sorting them took 15-25 ms), and the items placed by a counting sort of their runs."""
+    rows = distinct_rows(labels)
+    long = rows.counts >= MIN_RUN
+    n_runs = int(long.sum())
+    run_of_row = np.full(len(long), n_runs, dtype=np.int64)  # rows of short runs: one last group, "the rest"
+    run_of_row[long] = np.arange(n_runs)
+    order, starts = _group_by_label(run_of_row[rows.inverse], 0, n_runs + 1)
+    return order[: starts[n_runs]], starts[: n_runs + 1], rows.codes[long], order[starts[n_runs] :]
 
 
 def _multilabel_grouped(qc, qr, items, dr, words, label_words, grades, nbits):
@@ -491,7 +501,7 @@ def _multilabel_grouped(qc, qr, items, dr, words, label_words, grades, nbits):
     flat = H.reshape(Q, (nbits + 1) * grades)
     grouped, starts, run_labels, rest = _label_runs(dr)
     if len(grouped):
-        J = np.zeros(_grouped_tile(words) * grades * (nbits + 1), dtype=np.int32)
+        J = np.zeros(GROUPED_TILE * grades * (nbits + 1), dtype=np.int32)
         kernel = _grouped_kernel(words, label_words)
         kernel(qc, qr, np.take(items, grouped, axis=1), run_labels, starts, flat, grades, grades, J)
     if len(rest):
@@ -534,7 +544,7 @@ def histogram_block(
         qr = np.ascontiguousarray(query_rel, dtype=np.uint64)
         dr = np.ascontiguousarray(db_rel, dtype=np.uint64)
         label_words = qr.shape[1] if qr.shape[1] <= MAX_UNROLLED_WORDS else 0
-        if 1 <= words <= MAX_GROUPED_WORDS and dr.shape[1] and _fused_distance_counts() \
+        if 1 <= words <= MAX_GROUPED_WORDS and dr.shape[1] and _grouped_multilabel() \
                 and qc.shape[0] >= MIN_SPLIT_QUERIES and qc.shape[0] * dc.shape[0] >= MIN_GROUPED_PAIRS \
                 and _labels_recur(dr):
             return _multilabel_grouped(qc, qr, items, dr, words, label_words, ncols, nbits)

@@ -711,12 +711,12 @@ def test_fused_and_two_phase_distance_counts_match_bruteforce(monkeypatch, fused
 @pytest.mark.parametrize("nbits,concepts", [(1, 64), (12, 5), (64, 70), (64, 600), (100, 5), (128, 70)])
 def test_multilabel_grouped_by_label_rows_matches_bruteforce(monkeypatch, nbits, concepts):
     """Multi-label blocks of one- and two-word codes whose label rows recur (a few label sets, heavy distance ties) are
-    counted over runs of equal label rows (whatever this CPU would pick): every item (MIN_RUN 1), runs of 8 or
-    more and the rest by the cell kernel, or none."""
+    counted over runs of equal label rows (whatever this CPU would pick): every item (MIN_RUN 1), runs of 2 or
+    more and the rest by the cell kernel, or none; grades capped below the most labels a query has, and not."""
     monkeypatch.setattr(histogram, "_grouped_multilabel", lambda: True)
     monkeypatch.setattr(histogram, "MIN_GROUPED_PAIRS", 0)
     rng = np.random.default_rng(nbits + concepts)
-    Q, N, max_grade = 257, 800, 3  # 257 queries: the grouped route, and a last partial tile
+    Q, N = 257, 800  # 257 queries: the grouped route, and a last partial tile
     base = rng.integers(0, 2, (3, nbits))
     qbits = base[rng.integers(0, 3, Q)] ^ (rng.random((Q, nbits)) < 0.05)
     dbbits = base[rng.integers(0, 3, N)] ^ (rng.random((N, nbits)) < 0.05)
@@ -729,12 +729,15 @@ def test_multilabel_grouped_by_label_rows_matches_bruteforce(monkeypatch, nbits,
     assert histogram._labels_recur(dl)
     grouped, _, run_labels, rest = histogram._label_runs(dl)
     assert len(grouped) > N / 2 and len(rest) > 0 and len(run_labels) > 1
-    want = ref.histograms_bruteforce(ref.hamming_bruteforce(qbits, dbbits), ref.grades_multilabel(qm, dm, max_grade),
-                                     nbits, max_grade + 1)
-    for min_run in (1, histogram.MIN_RUN, N + 1):
-        monkeypatch.setattr(histogram, "MIN_RUN", min_run)
-        got = histogram_block(qw, dw, nbits, "multilabel", ql, dl, max_grade=max_grade)
-        assert np.array_equal(got, want), min_run
+    most = int(qm.sum(axis=1).max())
+    for max_grade in (3, most):  # grades capped (queries with more labels), and not (the cap never binds)
+        want = ref.histograms_bruteforce(ref.hamming_bruteforce(qbits, dbbits),
+                                         ref.grades_multilabel(qm, dm, max_grade), nbits, max_grade + 1)
+        assert (histogram._cap(ql, max_grade) is None) == (max_grade == most)
+        for min_run in (1, histogram.MIN_RUN, N + 1):
+            monkeypatch.setattr(histogram, "MIN_RUN", min_run)
+            got = histogram_block(qw, dw, nbits, "multilabel", ql, dl, max_grade=max_grade)
+            assert np.array_equal(got, want), (max_grade, min_run)
 
 
 @pytest.mark.parametrize("nbits", [1, 64, 65, 130])

@@ -53,7 +53,7 @@ MIN_RUN = 2  # multi-label: items sharing a label row that the grouped kernel co
 MIN_GROUPED_PAIRS = 1 << 27  # ...in blocks of this many pairs or more (~0.1 s; smaller ones gain less than
 # the kernel costs to load, or on a first run to compile: about 1.2 s)...
 LABEL_SAMPLE = 4096  # ...when, in a strided sample of this many of the block's label rows,
-MIN_RECURRING_SHARE = 0.5  # at least this share of the rows recur (grouping then pays for its sort)
+MIN_RECURRING_SHARE = 0.5  # at least this share of the rows recur (grouping then pays for itself)
 FUSED_TILES = (8, 16)  # queries a pass of the fused distance-count kernel for one-word codes, and longer ones...
 MAX_FUSED_WORDS = 4  # ...of up to this many words (measured at 1, 2 and 4)
 GROUPED_TILE = 8  # queries a pass of the grouped multi-label kernel, for codes of up to...
@@ -313,8 +313,8 @@ def _compile(kernel_source: str):
 # 3-48% to the two-phase kernel.
 FUSED_CPUS = frozenset({"znver1", "znver2", "znver3"})
 # ...and those on which grouping multi-label blocks by label row pays: the grouped kernel counts distances with scalar
-# POPCNTs too, but it computes each grade once per run instead of once per pair. On znver4 it took 0.74 of the
-# two-phase kernel's time on the presets' blocks (the same at B = 128 on the kernel bench's labels).
+# POPCNTs too, but it computes each grade once per run instead of once per pair. On znver4 it took 0.72-0.74 of the
+# two-phase kernel's time on the presets' blocks and 0.87 on the kernel bench's B = 64 labels (3% more at B = 128).
 GROUPED_CPUS = FUSED_CPUS | {"znver4"}
 
 
@@ -465,22 +465,10 @@ def _class_split(qc, ql, items, dl, words, nbits):
     return H
 
 
-def _equal_row_runs(rows):
-    """Rows sorted (lexicographically; ties in any order): (order, first position of each run of equal
-    rows, run lengths)."""
-    order = np.argsort(rows[:, 0]) if rows.shape[1] == 1 else np.lexsort(rows.T[::-1])
-    ordered = rows[order]
-    new = np.ones(len(rows), dtype=bool)
-    new[1:] = (ordered[1:] != ordered[:-1]).any(axis=1)
-    first = np.flatnonzero(new)
-    return order, first, np.diff(np.append(first, len(rows)))
-
-
 def _labels_recur(labels) -> bool:
     """Whether most label rows of a strided sample of the block recur within the sample."""
-    sample = labels[:: max(1, len(labels) // LABEL_SAMPLE)]
-    _, _, lengths = _equal_row_runs(sample)
-    return lengths[lengths > 1].sum() >= MIN_RECURRING_SHARE * len(sample)
+    counts = distinct_rows(labels[:: max(1, len(labels) // LABEL_SAMPLE)]).counts
+    return counts[counts > 1].sum() >= MIN_RECURRING_SHARE * counts.sum()
 
 
 def _label_runs(labels):

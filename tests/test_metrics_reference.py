@@ -10,6 +10,10 @@ around tie-group boundaries and beyond the list length.
 from __future__ import annotations
 
 import math
+import os
+import platform
+import subprocess
+import sys
 import zlib
 
 import numpy as np
@@ -738,6 +742,25 @@ def test_multilabel_grouped_by_label_rows_matches_bruteforce(monkeypatch, nbits,
             monkeypatch.setattr(histogram, "MIN_RUN", min_run)
             got = histogram_block(qw, dw, nbits, "multilabel", ql, dl, max_grade=max_grade)
             assert np.array_equal(got, want), (max_grade, min_run)
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="x86 CPU names")
+@pytest.mark.parametrize("cpu,features,expected", [
+    ("znver3", "", (True, False)),  # AMD Zen 3: POPCNT, AVX2, no AVX-512
+    ("skylake", "", (True, False)),  # Intel Skylake (client): POPCNT, AVX2, no AVX-512
+    ("znver4", "", (True, True)),  # AMD Zen 4: AVX-512 VPOPCNTDQ
+    ("icelake-server", "", (True, True)),  # Intel Ice Lake: AVX-512 VPOPCNTDQ
+    ("znver4", "-avx512vpopcntdq", (True, False)),  # a feature turned off by NUMBA_CPU_FEATURES
+    ("generic", "", (False, False)),  # baseline x86-64: no POPCNT instruction
+])
+def test_target_popcount_reads_numba_target(cpu, features, expected):
+    """The kernels' routes follow numba's target (NUMBA_CPU_NAME / NUMBA_CPU_FEATURES), which is read in a new
+    process: the CPUs' instruction sets are public facts."""
+    env = {**os.environ, "NUMBA_CPU_NAME": cpu, "NUMBA_CPU_FEATURES": features}
+    code = "from hashdist.kernels.popcount import target_popcount; print(*target_popcount())"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert tuple(word == "True" for word in out.stdout.split()) == expected
 
 
 @pytest.mark.parametrize("nbits", [1, 64, 65, 130])

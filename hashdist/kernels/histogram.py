@@ -8,14 +8,14 @@ counts at those cells, one slot after another so consecutive increments rarely h
 the same counter. When the cells of two queries fit in a small joint table, a slot
 counts a pair of queries jointly (one increment per item for two queries) and the
 table's row and column sums become their histograms. No distance matrix is formed.
-Distance-only counts of codes of up to four words on AMD Zen 1-3 CPUs (no vector popcount,
-four scalar POPCNTs per cycle) take one fused scalar loop instead: 8 or 16 queries a pass,
+Distance-only counts of codes of up to four words on CPUs with a scalar POPCNT and no vector
+one (x86 without AVX-512 VPOPCNTDQ) take one fused scalar loop instead: 8 or 16 queries a pass,
 each item's words loaded once for all of them, and per pair scalar POPCNTs and an increment at
 a constant stride.
 
 Multi-label blocks of one- and two-word codes whose label rows recur (the presets' Zipf-distributed
 concepts give 7,900 to 25,000 distinct rows per 262,144 items) are grouped by label row
-on the same CPUs and on AMD Zen 4: within a run of equal rows each query's grade is fixed, so a fused loop
+on every CPU with a scalar POPCNT: within a run of equal rows each query's grade is fixed, so a fused loop
 counts the run's distances at a per-run offset, and only items whose label row is their own go
 through the cell kernel.
 
@@ -29,7 +29,6 @@ grade, a merge-walk over the sorted CSR lists.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import importlib.util
 import os
@@ -41,7 +40,7 @@ import numpy as np
 
 from hashdist.kernels import cached_njit
 from hashdist.kernels.distinct import distinct_rows
-from hashdist.kernels.popcount import hamming
+from hashdist.kernels.popcount import hamming, target_popcount
 
 TILE = 4
 CHUNK = 512  # database items per phase; a tile's cell buffer stays in L1
@@ -307,32 +306,22 @@ def _compile(kernel_source: str):
         return namespace["kernel"]
 
 
-# numba target CPUs (LLVM's names) on which the fused kernel counts distances faster than the two-phase one: AMD
-# Zen 1-3 have no vector popcount (LLVM counts bits in vectors by byte-table lookups) and retire four scalar POPCNTs
-# per cycle, where Intel cores retire one. Measured on znver3, where it wins; on znver4 (AVX-512 VPOPCNTDQ) it lost
-# 3-48% to the two-phase kernel.
-FUSED_CPUS = frozenset({"znver1", "znver2", "znver3"})
-# ...and those on which grouping multi-label blocks by label row pays: the grouped kernel counts distances with scalar
-# POPCNTs too, but it computes each grade once per run instead of once per pair. On znver4 it took 0.72-0.74 of the
-# two-phase kernel's time on the presets' blocks and 0.87 on the kernel bench's B = 64 labels (3% more at B = 128).
-GROUPED_CPUS = FUSED_CPUS | {"znver4"}
-
-
-@functools.cache
-def _target_cpu() -> str:
-    """numba's target CPU: NUMBA_CPU_NAME, else this host's (LLVM's name)."""
-    from llvmlite import binding
-    from numba import config
-
-    return config.CPU_NAME or binding.get_host_cpu_name()
-
-
 def _fused_distance_counts() -> bool:
-    return _target_cpu() in FUSED_CPUS
+    """Whether distance-only counts take the fused loop: where numba's target has a scalar POPCNT and no vector
+    one (x86 without AVX-512 VPOPCNTDQ: there the two-phase loop's vectorised cells count bits by byte-table
+    lookups). Fused against two-phase, 1,024 x 262,144 class codes, B = 64 / 128, on an Intel Xeon core: compiling
+    for skylake (AVX2) 84 / 168 ms against 110 / 175 ms; for the host (AVX-512 VPOPCNTDQ) 83 / 153 ms against
+    78 / 112 ms. AMD Zen 3 and Zen 4 agree (bench/README.md)."""
+    scalar, vector = target_popcount()
+    return scalar and not vector
 
 
 def _grouped_multilabel() -> bool:
-    return _target_cpu() in GROUPED_CPUS
+    """Whether multi-label blocks whose label rows recur may be grouped by label row (a grade per run, then
+    distance counts with scalar POPCNTs): wherever numba's target has a scalar POPCNT. Engine-sized flickr1m
+    blocks (2,048 x 262,144), grouped against two-phase, on an Intel Xeon core: 0.17 s against 0.31 s (AVX-512),
+    0.19 s against 0.41 s compiling for skylake (AVX2); AMD Zen 3 and Zen 4 agree (bench/README.md)."""
+    return target_popcount()[0]
 
 
 _KERNELS: dict = {}

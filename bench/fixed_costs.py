@@ -83,10 +83,13 @@ def machine() -> dict:
             versions[package] = None
     from llvmlite import binding
 
-    # the kernels' routes depend on numba's target CPU (hashdist.kernels.histogram.FUSED_CPUS)
+    from hashdist.kernels.popcount import target_popcount
+
+    # the kernels' routes depend on the popcount instructions of numba's target CPU
+    scalar, vector = target_popcount()
     return {"cpu": model, "cores": os.cpu_count(), "simd": [f for f in SIMD_FLAGS if f in flags],
             "numba_target": os.environ.get("NUMBA_CPU_NAME") or binding.get_host_cpu_name(),
-            "python": platform.python_version(), **versions}
+            "numba_popcount": {"scalar": scalar, "vector": vector}, "python": platform.python_version(), **versions}
 
 
 def source() -> dict:
@@ -115,9 +118,16 @@ def source_line(s: dict) -> str:
             "uncommitted changes under hashdist/ and flows/")
 
 
+def _popcount_line(m: dict) -> str:
+    counts = m.get("numba_popcount")
+    if counts is None:
+        return "popcount instructions not recorded"
+    return f"scalar POPCNT {'yes' if counts['scalar'] else 'no'}, vector VPOPCNTQ {'yes' if counts['vector'] else 'no'}"
+
+
 def machine_line(m: dict) -> str:
     return (f"{m['cpu']}, {m['cores']} cores, SIMD: {' '.join(m['simd']) or 'none of ' + ' '.join(SIMD_FLAGS)}, "
-            f"numba target {m.get('numba_target', 'not recorded')}; "
+            f"numba target {m.get('numba_target', 'not recorded')} ({_popcount_line(m)}); "
             f"Python {m['python']}, numba {m['numba']}, prefect {m['prefect']}, numpy {m['numpy']}, "
             f"faiss-cpu {m['faiss-cpu']}")
 

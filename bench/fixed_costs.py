@@ -27,7 +27,6 @@ import datetime as dt
 import importlib.util
 import json
 import os
-import platform
 import resource
 import shutil
 import signal
@@ -37,7 +36,7 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
-from importlib.metadata import PackageNotFoundError, version
+from importlib.metadata import version
 from pathlib import Path
 
 import numpy as np
@@ -45,7 +44,6 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 BIN = Path(sys.executable).parent
 HASHDIST = str(BIN / "hashdist")
-SIMD_FLAGS = ("avx2", "avx512f", "avx512bw", "avx512_vpopcntdq", "popcnt")
 TIMEOUT_DEMO = 600  # seconds for any one demo-sized subprocess
 TIMEOUT_FLICKR = 1800  # seconds for any one Flickr-1M subprocess
 TILE_Q, TILE_D = 256, 4096  # faiss output tiles: 4 MiB of int32, within the last-level cache
@@ -61,35 +59,6 @@ def _bench_run():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
-def machine() -> dict:
-    model, flags = "unknown", set()
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        lines = []
-    for line in lines:
-        key, _, value = line.partition(":")
-        if key.strip() == "model name" and model == "unknown":
-            model = value.strip()
-        elif key.strip() == "flags" and not flags:
-            flags = set(value.split())
-    versions = {}
-    for package in ("numba", "prefect", "numpy", "faiss-cpu"):
-        try:
-            versions[package] = version(package)
-        except PackageNotFoundError:
-            versions[package] = None
-    from llvmlite import binding
-
-    from hashdist.kernels.popcount import target_popcount
-
-    # the kernels' routes depend on the popcount instructions of numba's target CPU
-    scalar, vector = target_popcount()
-    return {"cpu": model, "cores": os.cpu_count(), "simd": [f for f in SIMD_FLAGS if f in flags],
-            "numba_target": os.environ.get("NUMBA_CPU_NAME") or binding.get_host_cpu_name(),
-            "numba_popcount": {"scalar": scalar, "vector": vector}, "python": platform.python_version(), **versions}
 
 
 def source() -> dict:
@@ -116,20 +85,6 @@ def source_line(s: dict) -> str:
                 f"HEAD at the start: {s['repo_head']})")
     return (f"hashdist from this repository, HEAD {s['repo_head']} with {s['repo_changes_in_hashdist_flows']} "
             "uncommitted changes under hashdist/ and flows/")
-
-
-def _popcount_line(m: dict) -> str:
-    counts = m.get("numba_popcount")
-    if counts is None:
-        return "popcount instructions not recorded"
-    return f"scalar POPCNT {'yes' if counts['scalar'] else 'no'}, vector VPOPCNTQ {'yes' if counts['vector'] else 'no'}"
-
-
-def machine_line(m: dict) -> str:
-    return (f"{m['cpu']}, {m['cores']} cores, SIMD: {' '.join(m['simd']) or 'none of ' + ' '.join(SIMD_FLAGS)}, "
-            f"numba target {m.get('numba_target', 'not recorded')} ({_popcount_line(m)}); "
-            f"Python {m['python']}, numba {m['numba']}, prefect {m['prefect']}, numpy {m['numpy']}, "
-            f"faiss-cpu {m['faiss-cpu']}")
 
 
 def _cpu_seconds() -> tuple[float, float]:
@@ -387,7 +342,7 @@ def _met(ok) -> str:
 
 def markdown(r: dict) -> str:
     lines = [f"# hashdist fixed costs (#13), {r['date']}{' (--quick)' if r['quick'] else ''}", "",
-             f"machine: {machine_line(r['machine'])}", "", f"code: {source_line(r['source'])}", "",
+             f"machine: {_bench_run().machine_line(r['machine'])}", "", f"code: {source_line(r['source'])}", "",
              "| what | measured | target | met |", "| --- | --- | --- | --- |"]
     o = r["overhead"]
     lines.append(f"| demo, new process, warm caches: flow (default) - local engine, median of "
@@ -447,10 +402,7 @@ def main():
     if a.kernel_vs_faiss_child:  # kernel_vs_faiss_as_avx2's child: the rows as one line of JSON
         print(json.dumps(kernel_vs_faiss(*a.kernel_vs_faiss_child, _bench_run(), faiss_level="AVX2")))
         return
-    m = machine()
-    log(f"machine: {machine_line(m)}")
-    results = {"date": dt.date.today().isoformat(), "quick": a.quick, "machine": m, "source": source()}
-    log(f"code: {source_line(results['source'])}")
+    results = {"date": dt.date.today().isoformat(), "quick": a.quick, "source": source()}
     t_start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="hashdist-fixed-costs-") as tmp:
         work = Path(tmp)
@@ -459,6 +411,9 @@ def main():
         # numba reads NUMBA_CACHE_DIR when it is first imported, which is below
         os.environ.update({k: warm_env[k] for k in ("HASHDIST_CACHE", "NUMBA_CACHE_DIR", "PREFECT_LOGGING_LEVEL")})
         helpers = _bench_run()
+        results["machine"] = helpers.machine()  # imports numba
+        log(f"machine: {helpers.machine_line(results['machine'])}")
+        log(f"code: {source_line(results['source'])}")
         demo = work / "demo.zarr"
         NOISE.wait_s = a.wait_quiet
         noise = NOISE
@@ -468,7 +423,7 @@ def main():
         results["compile"] = {"demo": noise.measure("compile demo", compile_cost, work, demo, "demo", TIMEOUT_DEMO)}
         n_q, n_db = (256, 1 << 16) if a.quick else (1024, 1 << 18)
         results["kernel_vs_faiss"] = noise.measure("kernel vs faiss", kernel_vs_faiss, n_q, n_db, helpers)
-        if "avx512f" in m["simd"] and a.avx2_target != "none":
+        if "avx512f" in results["machine"]["simd"] and a.avx2_target != "none":
             log(f"kernel vs faiss as AVX2 (numba target {a.avx2_target}, faiss level AVX2), child process ...")
             results["kernel_vs_faiss_as_avx2"] = noise.measure("kernel vs faiss as AVX2", kernel_vs_faiss_as_avx2,
                                                                n_q, n_db, a.avx2_target)

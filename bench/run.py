@@ -11,18 +11,64 @@ import argparse
 import datetime as dt
 import json
 import os
+import platform
 import resource
 import subprocess
 import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
+SIMD_FLAGS = ("avx2", "avx512f", "avx512bw", "avx512_vpopcntdq", "popcnt")
 BIN = Path(sys.executable).parent
+
+
+def machine() -> dict:
+    model, flags = "unknown", set()
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        lines = []
+    for line in lines:
+        key, _, value = line.partition(":")
+        if key.strip() == "model name" and model == "unknown":
+            model = value.strip()
+        elif key.strip() == "flags" and not flags:
+            flags = set(value.split())
+    versions = {}
+    for package in ("numba", "prefect", "numpy", "faiss-cpu"):
+        try:
+            versions[package] = version(package)
+        except PackageNotFoundError:
+            versions[package] = None
+    from llvmlite import binding
+
+    from hashdist.kernels.popcount import target_popcount
+
+    # the kernels' routes depend on the popcount instructions of numba's target CPU
+    scalar, vector = target_popcount()
+    return {"cpu": model, "cores": os.cpu_count(), "simd": [f for f in SIMD_FLAGS if f in flags],
+            "numba_target": os.environ.get("NUMBA_CPU_NAME") or binding.get_host_cpu_name(),
+            "numba_popcount": {"scalar": scalar, "vector": vector}, "python": platform.python_version(), **versions}
+
+
+def _popcount_line(m: dict) -> str:
+    counts = m.get("numba_popcount")
+    if counts is None:
+        return "popcount instructions not recorded"
+    return f"scalar POPCNT {'yes' if counts['scalar'] else 'no'}, vector VPOPCNTQ {'yes' if counts['vector'] else 'no'}"
+
+
+def machine_line(m: dict) -> str:
+    return (f"{m['cpu']}, {m['cores']} cores, SIMD: {' '.join(m['simd']) or 'none of ' + ' '.join(SIMD_FLAGS)}, "
+            f"numba target {m.get('numba_target', 'not recorded')} ({_popcount_line(m)}); "
+            f"Python {m['python']}, numba {m['numba']}, prefect {m['prefect']}, numpy {m['numpy']}, "
+            f"faiss-cpu {m['faiss-cpu']}")
 
 
 def clustered_codes(rng, n_db, n_q, nbits, n_classes=24, noise=0.15):
@@ -162,6 +208,7 @@ def bench_end_to_end(work: Path, preset_kwargs: dict):
 WARM = """
 import json, os, resource, sys, time
 from concurrent.futures import ThreadPoolExecutor
+from importlib.metadata import PackageNotFoundError, version
 from distributed import LocalCluster
 from flows.evaluate import run_evaluation
 from flows.runtime import embedded_cluster_kwargs
@@ -343,7 +390,7 @@ def bench_scaling(work: Path, sizes_db, sizes_q):
 
 
 def markdown(results) -> str:
-    lines = [f"# hashdist benchmarks, {results['date']}", "", f"machine: {results['machine']}", ""]
+    lines = [f"# hashdist benchmarks, {results['date']}", "", f"machine: {machine_line(results['machine'])}", ""]
     lines += ["## Kernel throughput (query-item pairs per second)", "",
               "| engine | bits | relevance | threads | pairs/s |", "| --- | --- | --- | --- | --- |"]
     for r in results["kernels"] + results["baselines"]:
@@ -410,7 +457,7 @@ def main():
         n_db, n_q = 1 << 20, 2048
         preset = dict(n_database=1_000_000, n_queries=10_000, nbits=64, labels="multilabel", n_concepts=24)
         scale_db, scale_q = (250_000, 500_000, 1_000_000), (1_000, 5_000, 10_000)
-    results = {"date": dt.date.today().isoformat(), "machine": f"{os.cpu_count()} cores, {os.uname().machine}",
+    results = {"date": dt.date.today().isoformat(), "machine": machine(),
                "quick": a.quick}
     print("kernels ...", file=sys.stderr)
     rows = bench_kernels(n_db, n_q)

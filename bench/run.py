@@ -208,7 +208,6 @@ def bench_end_to_end(work: Path, preset_kwargs: dict):
 WARM = """
 import json, os, resource, sys, time
 from concurrent.futures import ThreadPoolExecutor
-from importlib.metadata import PackageNotFoundError, version
 from distributed import LocalCluster
 from flows.evaluate import run_evaluation
 from flows.runtime import embedded_cluster_kwargs

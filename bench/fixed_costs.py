@@ -55,8 +55,10 @@ def log(msg: str) -> None:
     print(f"[fixed_costs {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
+@functools.cache
 def _bench_run():
-    """bench/run.py as a module (clustered_codes, best_of), without putting bench/ on sys.path."""
+    """bench/run.py as a module (machine, clustered_codes, best_of), loaded once, without putting bench/ on
+    sys.path."""
     spec = importlib.util.spec_from_file_location("hashdist_bench_run", HERE / "run.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

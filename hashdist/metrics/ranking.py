@@ -49,24 +49,38 @@ _shared = threading.local()
 
 @contextlib.contextmanager
 def counts_shared(H: np.ndarray):
-    """Within the block, :func:`group_counts` of this very array is computed once (per thread).
+    """Within the block, :func:`group_counts` and :func:`group_totals` of this very array are computed once
+    (per thread).
 
     The summary computes dozens of measures of one histogram; the array must not change meanwhile.
     """
     previous = getattr(_shared, "entry", None)
-    _shared.entry = (H, _group_counts(np.ascontiguousarray(H, dtype=np.int64)))
+    n, r = _group_counts(np.ascontiguousarray(H, dtype=np.int64))
+    _shared.entry = (H, (n, r), (n.sum(axis=1), r.sum(axis=1)))
     try:
         yield
     finally:
         _shared.entry = previous
 
 
+def _shared_entry(H: np.ndarray):
+    entry = getattr(_shared, "entry", None)
+    return entry if entry is not None and entry[0] is H else None
+
+
 def group_counts(H: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Items n[q, d] and relevant items r[q, d] at each distance."""
-    entry = getattr(_shared, "entry", None)
-    if entry is not None and entry[0] is H:
-        return entry[1]
-    return _group_counts(np.ascontiguousarray(H, dtype=np.int64))
+    entry = _shared_entry(H)
+    return entry[1] if entry else _group_counts(np.ascontiguousarray(H, dtype=np.int64))
+
+
+def group_totals(H: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Items and relevant items R of each query: n and r of :func:`group_counts` summed over distances."""
+    entry = _shared_entry(H)
+    if entry:
+        return entry[2]
+    n, r = group_counts(H)
+    return n.sum(axis=1), r.sum(axis=1)
 
 
 def _group_counts(H):
@@ -246,18 +260,17 @@ def _hits(H, k, policy):
     n, r = group_counts(H)
     out = np.empty(n.shape[0])
     _hits_at_k(n, r, _check_k(k), _policy(policy), out)
-    return out, r.sum(axis=1)
+    return out
 
 
 def precision_at_k(H, k, policy: str = "expected") -> np.ndarray:
     """Relevant items in the top K divided by K (also when fewer than K items exist)."""
-    hits, _ = _hits(H, k, policy)
-    return hits / _check_k(k)
+    return _hits(H, k, policy) / _check_k(k)
 
 
 def recall_at_k(H, k, policy: str = "expected") -> np.ndarray:
     """Relevant items in the top K divided by R; NaN where R = 0."""
-    hits, R = _hits(H, k, policy)
+    hits, R = _hits(H, k, policy), group_totals(H)[1]
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(R > 0, hits / np.maximum(R, 1), np.nan)
 
@@ -399,9 +412,8 @@ def _ideal_dcg(H, gains, K, D, out):
 
 
 def _discounted(H, k, policy, gains, structhash):
-    H = np.ascontiguousarray(H, dtype=np.int64)
     K = _check_k(k)
-    D = _cumulative_discounts(int(min(K, max(H.sum(axis=(1, 2)).max(initial=0), 1))), structhash)
+    D = _cumulative_discounts(int(min(K, max(group_totals(H)[0].max(initial=0), 1))), structhash)
     K_eff = min(K, len(D) - 1)
     dcg = np.empty(H.shape[0])
     _dcg(H, gains, K_eff, _policy(policy), D, dcg)
@@ -429,7 +441,7 @@ def ndcg_structhash_at_k(H, k, policy: str = "expected") -> np.ndarray:
     gains[0] = 0.0
     dcg, _, _ = _discounted(H, k, policy, gains, True)
     norm = _cumulative_discounts(_check_k(k), True)[-1]
-    R = H[:, :, 1:].sum(axis=(1, 2))
+    R = group_totals(H)[1]
     return np.where(R > 0, dcg / norm, np.nan)
 
 
@@ -444,7 +456,8 @@ def roc_auc(H, policy: str = "expected") -> np.ndarray:
     """
     n, r = group_counts(H)
     q = n - r
-    R, Qn = r.sum(axis=1), q.sum(axis=1)
+    N, R = group_totals(H)
+    Qn = N - R
     irrelevant_after = Qn[:, None] - np.cumsum(q, axis=1)
     tied = {"expected": 1, "best": 2, "worst": 0}[policy]
     correct = (r * (2 * irrelevant_after + tied * q)).sum(axis=1)  # twice the count, exact in int64

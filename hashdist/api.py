@@ -219,6 +219,6 @@ def evaluate(dataset, *, cache=None, threads: int | None = None, **options) -> d
     ("class", "multilabel", "explicit"), max_grade, query_block_rows, db_block_rows,
     hashtable (settings "KxL": L tables of K-bit substrings), conventions (names of published scripts whose
     mAP@K to reproduce: deephash, hashnet, trec).
-    ``cache``: None for the per-user cache, False for none, or a directory.
+    ``cache``: None or True for the per-user cache, False for none, or a directory.
     """
     return evaluate_local(dataset, cache=cache, threads=threads, **options).report

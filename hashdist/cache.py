@@ -15,6 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
+from hashdist.errors import InputError
+
 
 def default_cache_dir() -> Path:
     """Per-user cache shared by all runs: $HASHDIST_CACHE, else $XDG_CACHE_HOME/hashdist, else ~/.cache/hashdist."""
@@ -68,7 +70,12 @@ class BlockCache:
 
 
 def resolve_cache(cache) -> BlockCache:
-    """``None``: the per-user default cache; ``False``: no caching; else a directory."""
+    """``None`` or ``True``: the per-user default cache; ``False``: no caching; else a directory (str or path)."""
     if cache is False:
         return BlockCache(None)
-    return BlockCache(default_cache_dir() if cache is None else cache)
+    if cache is None or cache is True:
+        return BlockCache(default_cache_dir())
+    if not isinstance(cache, str | os.PathLike):
+        raise InputError(f"cache must be None or True (the per-user cache), False (none) or a directory, "
+                         f"got {type(cache).__name__} {cache!r}")
+    return BlockCache(cache)

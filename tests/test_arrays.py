@@ -128,3 +128,15 @@ def test_refused_batch_leaves_the_evaluator_usable():
             bad()
     ev.add_queries(q, ql)
     _same(ev.compute(), evaluate_codes(q, d, ql, dl))
+
+
+def test_cache_argument_of_the_python_api(tmp_path, monkeypatch, class_dataset):
+    """True means the per-user cache, as None does; anything but a flag or a directory is refused by name."""
+    monkeypatch.setenv("HASHDIST_CACHE", str(tmp_path / "user-cache"))
+    uncached = hashdist.evaluate(class_dataset, cache=False)
+    assert not list((tmp_path / "user-cache").rglob("*.npz"))  # (generated kernels may be cached there)
+    cached = hashdist.evaluate(class_dataset, cache=True)
+    assert list((tmp_path / "user-cache").rglob("*.npz"))
+    _same(cached, uncached)
+    with pytest.raises(InputError, match="cache must be None or True .* got float 1.5"):
+        hashdist.evaluate(class_dataset, cache=1.5)

@@ -13,7 +13,8 @@
    on a CPU with AVX-512, again as an AVX2 machine runs them (--avx2-target, default znver3: numba compiling for
    that CPU in a child process, faiss at its AVX2 SIMD level);
 5. Flickr-1M end to end (new process, `--no-cache`, warm numba cache), flow and local, against the bare kernel
-   over all its pairs in this process on all cores.
+   over all its pairs in this process on all cores; and each command's CPU seconds (its own and those of the
+   processes it waited for, as the flow's API server) over the cores: the least wall those seconds allow.
 
 --quick skips the Flickr-1M parts and uses 256 x 65,536 codes for 4. Writes bench/results/<date>-fixed-costs.json
 and .md (<date>-fixed-costs-quick.* with --quick). Not part of the test suite; run it on a quiet machine: before
@@ -161,8 +162,12 @@ def cache_env(hashdist_cache: Path, numba_cache: Path) -> dict:
 
 
 def timed(cmd: list[str], env: dict, timeout: float) -> float:
-    """Wall seconds of a new process; on timeout its whole process group (Prefect server, workers) is killed."""
+    """Wall seconds of a new process; on timeout its whole process group (Prefect server, workers) is killed.
+
+    The CPU seconds (user + system) of the process and of every process it waited for (the flow's API server)
+    are added to CPU_SECONDS under the command."""
     NOISE.wait_quiet(Path(cmd[0]).name + " " + cmd[1])
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                             start_new_session=True)
@@ -175,7 +180,12 @@ def timed(cmd: list[str], env: dict, timeout: float) -> float:
     secs = time.perf_counter() - t
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{err[-3000:]}")
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    CPU_SECONDS.setdefault(tuple(cmd), []).append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
     return secs
+
+
+CPU_SECONDS: dict[tuple[str, ...], list[float]] = {}  # command -> CPU seconds of each of its runs (see timed)
 
 
 def evaluate_cmd(data: Path, out: Path, *extra: str) -> list[str]:
@@ -189,14 +199,19 @@ def synth(preset: str, data: Path, timeout: float) -> float:
 
 
 def alternate(flow_cmd, local_cmd, out: Path, env: dict, timeout: float, repeats: int, label: str):
-    """(flow walls, local walls, the last flow run's report timing): the two commands in turn, ``repeats`` times."""
+    """The two commands in turn, ``repeats`` times: flow and local walls, their CPU seconds, and the last flow
+    run's report timing."""
     flow, local, timing = [], [], None
     for i in range(repeats):
         flow.append(timed(flow_cmd, env, timeout))
         timing = json.loads((out / "report.json").read_text())["timing"]
         local.append(timed(local_cmd, env, timeout))
         log(f"{label} {i + 1}/{repeats}: flow {flow[-1]:.2f} s, local {local[-1]:.2f} s")
-    return flow, local, timing
+    cpu = {name: CPU_SECONDS[tuple(cmd)][-repeats:] for name, cmd in (("flow", flow_cmd), ("local", local_cmd))}
+    return {"flow_s": flow, "local_s": local, "flow_median_s": statistics.median(flow),
+            "local_median_s": statistics.median(local), "flow_cpu_s": cpu["flow"], "local_cpu_s": cpu["local"],
+            "flow_cpu_median_s": statistics.median(cpu["flow"]), "local_cpu_median_s": statistics.median(cpu["local"]),
+            "last_flow_timing": timing}
 
 
 def fixed_overhead(work: Path, demo: Path, env: dict, repeats: int = 5) -> dict:
@@ -207,10 +222,8 @@ def fixed_overhead(work: Path, demo: Path, env: dict, repeats: int = 5) -> dict:
     log("overhead: warm-up (local run fills the numba cache, flow run the Prefect template and imports) ...")
     timed(local_cmd, env, TIMEOUT_DEMO)
     timed(flow_cmd, env, TIMEOUT_DEMO)
-    flow, local, timing = alternate(flow_cmd, local_cmd, out, env, TIMEOUT_DEMO, repeats, "overhead")
-    return {"flow_s": flow, "local_s": local, "flow_median_s": statistics.median(flow),
-            "local_median_s": statistics.median(local),
-            "difference_s": statistics.median(flow) - statistics.median(local), "last_flow_timing": timing}
+    runs = alternate(flow_cmd, local_cmd, out, env, TIMEOUT_DEMO, repeats, "overhead")
+    return {**runs, "difference_s": runs["flow_median_s"] - runs["local_median_s"]}
 
 
 def compile_cost(work: Path, data: Path, name: str, timeout: float, repeats: int = 3) -> dict:
@@ -326,7 +339,7 @@ def flickr_end_to_end(work: Path, data: Path, env: dict, helpers, repeats: int =
     local_cmd = flow_cmd + ["--engine", "local"]
     log("flickr1m end to end: warm-up (local) ...")
     timed(local_cmd, env, TIMEOUT_FLICKR)
-    flow, local, timing = alternate(flow_cmd, local_cmd, out, env, TIMEOUT_FLICKR, repeats, "flickr1m")
+    runs = alternate(flow_cmd, local_cmd, out, env, TIMEOUT_FLICKR, repeats, "flickr1m")
 
     import hashdist
     from hashdist.engine import largest_possible_grade
@@ -350,11 +363,13 @@ def flickr_end_to_end(work: Path, data: Path, env: dict, helpers, repeats: int =
 
     NOISE.wait_quiet("histogram_block")
     kernel_s = helpers.best_of(run, repeats=2)
-    flow_m, local_m = statistics.median(flow), statistics.median(local)
-    return {"flow_s": flow, "local_s": local, "flow_median_s": flow_m, "local_median_s": local_m,
-            "last_flow_timing": timing, "kernel_s": kernel_s, "kernel_threads": threads, "relevance": relevance,
+    return {**runs, "kernel_s": kernel_s, "kernel_threads": threads, "relevance": relevance,
             "max_grade": grade, "pairs": ds.n_queries * ds.n_database,
-            "flow_over_kernel": flow_m / kernel_s, "local_over_kernel": local_m / kernel_s}
+            "flow_over_kernel": runs["flow_median_s"] / kernel_s,
+            "local_over_kernel": runs["local_median_s"] / kernel_s,
+            # the wall a run could reach on these cores if every part of it kept them all busy
+            "flow_cpu_floor_over_kernel": runs["flow_cpu_median_s"] / threads / kernel_s,
+            "local_cpu_floor_over_kernel": runs["local_cpu_median_s"] / threads / kernel_s}
 
 
 def _met(ok) -> str:
@@ -395,8 +410,15 @@ def markdown(r: dict) -> str:
                      f"{e['kernel_s']:.2f} s = {ratio:.2f} | <= 2 | {_met(ratio <= 2)} |")
         lines.append(f"| flickr1m, same, `--engine local` wall / bare kernel | {e['local_median_s']:.2f} / "
                      f"{e['kernel_s']:.2f} s = {e['local_over_kernel']:.2f} | - | - |")
+        for name in ("flow", "local"):
+            lines.append(f"| flickr1m, {name}: CPU seconds (user + system, with the processes it waited for) / "
+                         f"{e['kernel_threads']} cores, the least wall they allow, / bare kernel | "
+                         f"{e[f'{name}_cpu_median_s']:.2f} / {e['kernel_threads']} / {e['kernel_s']:.2f} s = "
+                         f"{e[f'{name}_cpu_floor_over_kernel']:.2f} | - | - |")
     fmt = ", ".join(f"{k} {v:.2f}" for k, v in (o["last_flow_timing"] or {}).items())
-    lines += ["", f"Last demo flow run, report.json `timing` (s): {fmt}."]
+    lines += ["", f"Last demo flow run, report.json `timing` (s): {fmt}.",
+              f"Demo CPU seconds (user + system, medians): flow {o['flow_cpu_median_s']:.2f}, local "
+              f"{o['local_cpu_median_s']:.2f}."]
     if e and e["last_flow_timing"]:
         fmt = ", ".join(f"{k} {v:.2f}" for k, v in e["last_flow_timing"].items())
         lines.append(f"Last flickr1m flow run, report.json `timing` (s): {fmt}.")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import logging
 import math
@@ -137,6 +138,20 @@ def check_scheduler(address: str) -> None:
         raise InputError(f"no Dask scheduler answers at {address} ({exc.strerror or exc})") from None
 
 
+def check_cluster_class(name: str, source: str = "--cluster-class") -> None:
+    """Refuse, in one line, a cluster class that is not an importable ``module.Class`` (Dask would fail the run
+    with an import traceback); ``source`` names where the value came from."""
+    module, _, attribute = name.rpartition(".")
+    if not module or not attribute:
+        raise InputError(f"{source} {name!r}: not a dotted path module.Class (e.g. dask_jobqueue.SLURMCluster)")
+    try:
+        found = getattr(importlib.import_module(module), attribute, None)
+    except ImportError as exc:
+        raise InputError(f"{source} {name}: cannot import {module} ({exc})") from None
+    if not callable(found):
+        raise InputError(f"{source} {name}: {module} has no class {attribute}")
+
+
 def environment_cluster_kwargs() -> dict | None:
     """$HASHDIST_CLUSTER_KWARGS (a JSON object), None when unset; a malformed value is an InputError."""
     text = os.environ.get("HASHDIST_CLUSTER_KWARGS")
@@ -167,6 +182,7 @@ def _sigint_kept():
 def _settle(address, cluster_class, cluster_kwargs, workers, threads) -> DaskTaskRunner:
     """The runner these arguments describe, unset ones taken from $HASHDIST_* now."""
     address = address or os.environ.get("HASHDIST_DASK_ADDRESS")
+    arguments_class = cluster_class
     cluster_class = cluster_class or os.environ.get("HASHDIST_CLUSTER_CLASS")
     if cluster_kwargs is None:
         cluster_kwargs = environment_cluster_kwargs()
@@ -174,6 +190,7 @@ def _settle(address, cluster_class, cluster_kwargs, workers, threads) -> DaskTas
         check_scheduler(address)
         return DaskTaskRunner(address=address)
     if cluster_class:
+        check_cluster_class(cluster_class, "--cluster-class" if arguments_class else "$HASHDIST_CLUSTER_CLASS")
         worker_timeout()  # a malformed value fails the run now, not when it first waits for a worker
         with _sigint_kept():  # the runner imports the cluster class's module
             return DaskTaskRunner(cluster_class=cluster_class, cluster_kwargs=cluster_kwargs or {})

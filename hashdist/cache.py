@@ -78,4 +78,7 @@ def resolve_cache(cache) -> BlockCache:
     if not isinstance(cache, str | os.PathLike):
         raise InputError(f"cache must be None or True (the per-user cache), False (none) or a directory, "
                          f"got {type(cache).__name__} {cache!r}")
+    existing = next(p for p in (Path(cache).absolute(), *Path(cache).absolute().parents) if p.exists())
+    if not existing.is_dir():
+        raise InputError(f"--cache {cache}: {existing} is not a directory")
     return BlockCache(cache)

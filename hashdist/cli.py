@@ -245,6 +245,29 @@ def _add_execution_options(p):
     p.add_argument("--no-cache", action="store_true", help="compute every block, store nothing")
 
 
+def _check_execution(a) -> None:
+    """One block cache choice, and one that is a directory; positive worker and thread counts; the cluster
+    options only with the flow engine, which places the blocks on a cluster (``--engine local`` runs threads
+    in this process)."""
+    from hashdist.cache import resolve_cache
+
+    if a.cache is not None and a.no_cache:
+        raise InputError("--cache and --no-cache: give one of them")
+    if a.cache is not None:
+        resolve_cache(a.cache)
+    for name in ("workers", "threads"):
+        if getattr(a, name, None) is not None and getattr(a, name) < 1:
+            raise InputError(f"--{name} must be at least 1, got {getattr(a, name)}")
+    if a.engine == "local":
+        for name in ("address", "cluster_class", "workers"):
+            if getattr(a, name, None) is not None:
+                raise InputError(f"--{name.replace('_', '-')} places the blocks on a cluster: only with the flow "
+                                 "engine (--engine local runs threads in this process)")
+        if getattr(a, "cluster_kwargs", "{}") != "{}":
+            raise InputError("--cluster-kwargs: only with the flow engine (--engine local runs threads in this "
+                             "process)")
+
+
 def _cluster_kwargs(a) -> dict | None:
     """--cluster-kwargs as a dict; None when it gives none, so that $HASHDIST_CLUSTER_KWARGS applies."""
     if not a.cluster_kwargs:
@@ -341,6 +364,7 @@ def _check_evaluate(a):
     check_output_dir(a.out, a.overwrite)
     if a.history is not None:
         _check_history_option(a)
+    _check_execution(a)
     _cluster_kwargs(a)
     prepare(a.dataset, **_evaluate_options(a))
 
@@ -455,6 +479,7 @@ def _check_compare(a):
     """Every --method's datasets (the same queries and ground truth), the options and --out."""
     from hashdist.compare import validate
 
+    _check_execution(a)
     validate(a.method, k=a.k, radius=a.radius, permutations=a.permutations, seed=a.seed, out=a.out,
              overwrite=a.overwrite)
 
@@ -508,6 +533,7 @@ def _check_groundtruth(a):
     """--cluster-kwargs, the dataset's features and the method's options."""
     from hashdist import groundtruth
 
+    _check_execution(a)
     _cluster_kwargs(a)
     groundtruth.prepare(a.dataset, **_groundtruth_options(a))
 

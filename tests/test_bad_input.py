@@ -122,6 +122,28 @@ def test_evaluate_bad_options(tmp_path, capsys, dataset, extra, needle):
     assert_refused(capsys, ["evaluate", dataset, "--out", out, "--engine", "local", *extra], needle, out)
 
 
+@pytest.mark.parametrize(
+    "extra, needle",
+    [
+        (["--cache", "{file}"], "{file} is not a directory"),
+        (["--cache", "{file}/blocks"], "{file} is not a directory"),
+        (["--cache", "{tmp}/cache", "--no-cache"], "--cache and --no-cache: give one of them"),
+        (["--threads", "0"], "--threads must be at least 1"),
+        (["--address", "tcp://127.0.0.1:8786"], "--address places the blocks on a cluster: only with the flow"),
+        (["--cluster-class", "distributed.LocalCluster"], "--cluster-class places the blocks on a cluster"),
+        (["--cluster-kwargs", '{{"n_workers": 1}}'], "--cluster-kwargs: only with the flow engine"),
+    ],
+)
+def test_evaluate_bad_execution_options(tmp_path, capsys, dataset, extra, needle):
+    """A cache that is a file, both cache options, no threads, cluster options that --engine local would ignore."""
+    (tmp_path / "file").write_text("not a cache")
+    extra = [arg.format(file=tmp_path / "file", tmp=tmp_path) for arg in extra]
+    out = tmp_path / "report"
+    assert_refused(capsys, ["evaluate", dataset, "--out", out, "--engine", "local", *extra],
+                   needle.format(file=tmp_path / "file"), out)
+    assert not (tmp_path / "cache").exists()
+
+
 def test_evaluate_missing_or_foreign_dataset(tmp_path, capsys):
     out = tmp_path / "report"
     assert_refused(capsys, ["evaluate", tmp_path / "missing.zarr", "--out", out], "no such dataset", out)
@@ -132,6 +154,7 @@ def test_evaluate_missing_or_foreign_dataset(tmp_path, capsys):
 @pytest.mark.parametrize("command", [
     ["evaluate", "{missing}", "--out", "{out}"],
     ["evaluate", "{dataset}", "--out", "{out}", "--k", "0"],
+    ["evaluate", "{dataset}", "--out", "{out}", "--workers", "0"],
     ["compare", "--method", "a={dataset}", "--method", "b={missing}", "--out", "{out}"],
     ["groundtruth", "--method", "top_percent", "{dataset}"],  # a dataset without features
 ])

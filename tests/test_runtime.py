@@ -240,11 +240,15 @@ def test_malformed_cluster_variable_fails_the_run_not_the_import(tmp_path, cli_e
 @pytest.mark.parametrize(("variable", "value", "needle"), [
     ("HASHDIST_DASK_ADDRESS", "tcp://127.0.0.1:{port}", "no Dask scheduler answers at tcp://127.0.0.1:{port}"),
     ("HASHDIST_WORKER_TIMEOUT", "soon", "$HASHDIST_WORKER_TIMEOUT must be a positive number of seconds"),
+    ("HASHDIST_CLUSTER_CLASS", "no_such_module.Cluster",
+     "$HASHDIST_CLUSTER_CLASS no_such_module.Cluster: cannot import no_such_module"),
+    ("HASHDIST_CLUSTER_CLASS", "distributed.NoSuchCluster",
+     "$HASHDIST_CLUSTER_CLASS distributed.NoSuchCluster: distributed has no class NoSuchCluster"),
 ])
 def test_an_unusable_cluster_setting_fails_the_run_in_one_line(tmp_path, cli_env, class_dataset, variable, value,
                                                                 needle):
     """A scheduler address where nothing listens (a port just freed), a malformed worker timeout with a per-run
-    cluster: one line, exit status 2, no report."""
+    cluster, a cluster class that does not import: one line, exit status 2, no report."""
     from tests.conftest import free_port
 
     port = free_port()

@@ -72,7 +72,9 @@ def code_values(bits: np.ndarray, what: str) -> set:
 def check_code_convention(values: set, what: str) -> None:
     """Raise InputError unless the values are all in {0, 1} or all in {-1, +1}."""
     if not (values <= {0, 1} or values <= {-1, 1}):
-        raise InputError(f"{what}: codes mix the {{0,1}} and {{-1,+1}} conventions (found -1, 0 and 1)")
+        *rest, last = (str(v) for v in sorted(values))  # a mix has at least -1 and 0
+        found = f"{', '.join(rest)} and {last}"
+        raise InputError(f"{what}: codes mix the {{0,1}} and {{-1,+1}} conventions (found {found})")
 
 
 def pack_labels(multi_hot: np.ndarray) -> np.ndarray:

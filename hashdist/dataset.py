@@ -141,7 +141,11 @@ class Dataset:
     @property
     def default_relevance(self) -> str:
         if not self.relevance_kinds:
-            raise InputError(f"{self.url}: dataset has no relevance data (run hashdist groundtruth on its features)")
+            if self.has("database/features"):
+                raise InputError(f"{self.url}: dataset has no relevance data (run hashdist groundtruth on its "
+                                 "features)")
+            raise InputError(f"{self.url}: dataset has no relevance data and no features (ingest it again with "
+                             "labels or --query-relevant)")
         return self.relevance_kinds[0]
 
     @property
@@ -172,10 +176,23 @@ class Dataset:
         except InputError:
             raise
         except Exception as exc:  # zarr raises codec errors of several types
-            chunk = start // self.array(name).chunks[0]
-            raise InputError(
-                f"{self.url}: cannot read {name} rows {start}..{stop} (chunk {chunk}): {type(exc).__name__}: {exc}"
-            ) from None
+            raise self._read_error(name, start, stop, exc) from None
+
+    def _read_error(self, name: str, start: int, stop: int, exc: Exception) -> InputError:
+        """The error for rows [start, stop), naming the first chunk that fails alone (zarr's error does not say)."""
+        array = self.array(name)
+        size = array.chunks[0]
+        chunk = start // size
+        for i in range(chunk, -(-stop // size)):
+            lo, hi = i * size, min((i + 1) * size, array.shape[0])
+            try:
+                array[lo:hi]
+            except Exception as chunk_exc:
+                chunk, start, stop, exc = i, lo, hi, chunk_exc
+                break
+        return InputError(
+            f"{self.url}: cannot read {name} rows {start}..{stop} (chunk {chunk}): {type(exc).__name__}: {exc}"
+        )
 
     def codes(self, part: str, start: int, stop: int) -> np.ndarray:
         return self.read(f"{part}/codes", start, stop)

@@ -8,6 +8,7 @@ arrays are refused, never loaded.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +19,21 @@ from hashdist.distance import check_scores
 from hashdist.errors import InputError
 
 
+def _npy_dtype(path) -> np.dtype | None:
+    """The dtype in a .npy file's header, None for a .npz (a zip); InputError for any other file."""
+    with open(path, "rb") as f:
+        magic = f.read(6)
+        if magic.startswith(b"PK\x03\x04"):
+            return None
+        if magic != b"\x93NUMPY":
+            raise InputError(f"{path}: not a .npy/.npz file")
+        f.seek(0)
+        read_header = np.lib.format.read_array_header_1_0
+        if np.lib.format.read_magic(f) != (1, 0):
+            read_header = np.lib.format.read_array_header_2_0
+        return read_header(f)[2]
+
+
 def load_array(path) -> np.ndarray:
     """Memory-map a .npy (or load the single array of a .npz); refuse pickles and bad files."""
     path = str(path)
@@ -26,11 +42,15 @@ def load_array(path) -> np.ndarray:
         path = name + ".npz"
     if not Path(path).is_file():
         raise InputError(f"{path}: no such file")
+    pickled = InputError(f"{path}: contains a pickled object array (hashdist never loads pickles)")
     try:
+        dtype = _npy_dtype(path)
+        if dtype is not None and dtype.hasobject:
+            raise pickled
         loaded = np.load(path, mmap_mode="r", allow_pickle=False)
+    except InputError:
+        raise
     except ValueError as exc:
-        if "allow_pickle" in str(exc) or "pickle" in str(exc).lower():
-            raise InputError(f"{path}: contains a pickled object array (hashdist never loads pickles)") from None
         raise InputError(f"{path}: not a readable .npy/.npz file ({exc})") from None
     except Exception as exc:
         raise InputError(f"{path}: not a readable .npy/.npz file ({type(exc).__name__})") from None
@@ -46,10 +66,20 @@ def load_array(path) -> np.ndarray:
             try:
                 loaded = loaded[names[0]]
             except ValueError:
-                raise InputError(f"{path}: contains a pickled object array (hashdist never loads pickles)") from None
-    if loaded.dtype.hasobject:
-        raise InputError(f"{path}: object arrays are not supported")
+                raise pickled from None
     return loaded
+
+
+def _check_paths(**arguments) -> None:
+    """Refuse an array (or anything else) passed where a file path is expected, without printing it."""
+    for name, value in arguments.items():
+        if value is not None and not isinstance(value, (str, os.PathLike)):
+            kind = type(value).__qualname__
+            if type(value).__module__ != "builtins":
+                kind = f"{type(value).__module__.partition('.')[0]}.{kind}"
+            ext = ".npz" if name == "query_relevant" else ".npy"
+            raise InputError(f"{name}: expected a path to a {ext} file, got {kind}; for arrays use "
+                             "hashdist.evaluate_codes")
 
 
 def _code_width(arr: np.ndarray, path, packed: bool, nbits: int | None) -> int:
@@ -60,6 +90,8 @@ def _code_width(arr: np.ndarray, path, packed: bool, nbits: int | None) -> int:
     if not packed:
         if arr.shape[1] > MAX_NBITS:
             raise InputError(f"{path}: {arr.shape[1]} bits per code exceeds the maximum {MAX_NBITS}")
+        if nbits is not None and nbits != arr.shape[1]:
+            raise InputError(f"--nbits {nbits}: the codes in {path} have {arr.shape[1]} bits (--nbits is for --packed)")
         return arr.shape[1]
     if nbits is None:
         raise InputError("--packed needs --nbits B")
@@ -195,6 +227,9 @@ def ingest(
     overwrite: bool = False,
 ) -> str:
     """Write a dataset from code (and label / ground-truth / feature) files; returns its path."""
+    _check_paths(db_codes=db_codes, query_codes=query_codes, db_labels=db_labels, query_labels=query_labels,
+                 query_relevant=query_relevant, db_features=db_features, query_features=query_features,
+                 query_scores=query_scores)
     if chunk_rows < 1 or query_chunk_rows < 1:
         raise InputError("--chunk-rows must be a positive integer")
     db, qs = load_array(db_codes), load_array(query_codes)
@@ -228,6 +263,9 @@ def ingest(
                 f"{query_features}: queries have {qf.shape[1]} feature dimensions but {db_features} has {df.shape[1]}"
             )
         features = {"database": (df, db_features), "queries": (qf, query_features)}
+    if not kinds and not features and query_relevant is None:
+        raise InputError("no relevance information: give --db-labels and --query-labels, --query-relevant, "
+                         "or --db-features and --query-features (for hashdist groundtruth)")
     scores = None
     if query_scores is not None:
         scores = check_scores(load_array(query_scores), b_q, qs.shape[0], str(query_scores))
@@ -291,6 +329,7 @@ def append(dataset, db_codes, db_labels=None, *, packed: bool = False) -> str:
     """
     from hashdist.dataset import append_database_rows, open_dataset
 
+    _check_paths(db_codes=db_codes, db_labels=db_labels)
     ds = open_dataset(dataset)
     if ds.has("database/features"):
         raise InputError(f"{dataset}: cannot append database rows to a dataset with features")
@@ -343,6 +382,7 @@ def ingest_split(out, codes, labels, splits, *, strategy: str, run: int, validat
     from hashdist.dataset import chunk_digest, combine_digests
     from hashdist.splits import read_split
 
+    _check_paths(codes=codes, labels=labels)
     roles = read_split(splits, strategy, run)  # validates the store, the strategy and the run index
     attrs = dict(zarr.open_group(str(splits), mode="r").attrs)
     query_role, db_role = split_roles(strategy, validation)

@@ -235,8 +235,8 @@ def test_bad_groundtruth_options_are_refused(tied, capsys, tmp_path):
     ):
         refused(capsys, ["groundtruth", url, *args, "--no-cache"], needle)
     assert open_dataset(url).fingerprint == before and not open_dataset(url).has("queries/relevant/indptr")
-    paths, _, _ = feature_inputs(tmp_path)
-    ingest(tmp_path / "codes.zarr", paths["db"], paths["q"])
+    paths, _, _ = feature_inputs(tmp_path, labels=(np.zeros(600, np.int64), np.zeros(40, np.int64)))
+    ingest(tmp_path / "codes.zarr", paths["db"], paths["q"], db_labels=paths["dbl"], query_labels=paths["ql"])
     refused(capsys, ["groundtruth", tmp_path / "codes.zarr", "--method", "top_percent"], "dataset has no features")
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -27,6 +28,8 @@ from hashdist.metrics.conventions import conventions_report
 from hashdist.metrics.summary import MetricParams
 from hashdist.protocols import get_protocol, protocol_k
 from hashdist.report import REPORT_MARKER, provenance, write_outputs
+
+_NUMBER = (int, float, np.integer, np.floating)
 
 
 def prepare(
@@ -55,22 +58,26 @@ def prepare(
     or a .npy path, (B,) or (Q, B)) or "asymmetric" (the dataset's query scores); default "weighted" when
     ``bit_weights`` is given, else "hamming". ``distance_bins``: G, the bins of a real-valued distance.
     ``code_parts``: parts the distinct database codes are split into (default from the database's size;
-    results never depend on it, memory per part does).
+    results never depend on it, memory per part does). ``k``, ``radius``, ``hashtable`` and ``conventions``
+    take one value or a list of them (a string is one value).
     """
+    radius = _listed(radius, "--radius / radius=", _NUMBER, "a number")
+    hashtable = _listed(hashtable, "--hashtable / hashtable=", str, "a KxL setting")
+    conventions = _listed(conventions, "--convention / conventions=", str, "a convention name")
     ds = open_dataset(dataset)
     if protocol is not None:
         preset = get_protocol(protocol)
         k = protocol_k(preset, ds.n_database) if k is None else k
         conventions = tuple(dict.fromkeys((*conventions, preset.convention)))
-    k = DEFAULT_K if k is None else k
+    k = _listed(DEFAULT_K if k is None else k, "--k / k=", _NUMBER, "a number")
     hashtables = tuple(parse_hashtable_spec(spec, ds.nbits) for spec in hashtable)
     settings = tuple(f"{bits}x{tables}" for bits, tables in hashtables)
     distance = distance or ("weighted" if bit_weights is not None else "hamming")
     if distance not in KINDS:
         raise InputError(f"--distance {distance!r}: unknown (known: {', '.join(KINDS)})")
-    radius = tuple(_radius_value(r) for r in radius)
-    params = MetricParams(tuple(k), radius, float(beta), empty_queries, settings, max_grade, ds.n_database,
-                          conventions=tuple(conventions), distance=distance)
+    radius = tuple(int(r) if float(r).is_integer() else float(r) for r in radius)  # whole: int (report key "2")
+    params = MetricParams(k, radius, float(beta), empty_queries, settings, max_grade, ds.n_database,
+                          conventions=conventions, distance=distance)
     params.validate(ds.nbits)
     axis = _distance_axis(ds, distance, bit_weights, distance_bins, params.radii)
     if axis is not None:
@@ -107,11 +114,13 @@ def prepare(
     return ds, params, plan, parameters
 
 
-def _radius_value(r):
-    """A radius as given: an int when it is a whole number (report keys "0", "1"), else a float."""
-    if isinstance(r, bool) or not isinstance(r, (int, float, np.integer, np.floating)):
-        raise InputError(f"--radius: {r!r} is not a number")
-    return int(r) if float(r).is_integer() else float(r)
+def _listed(value, name: str, kinds, what: str) -> tuple:
+    """An option given as one value or an iterable of values (a string is one value), as a tuple of ``kinds``."""
+    listed = isinstance(value, Iterable) and not isinstance(value, str) and getattr(value, "ndim", 1)  # not 0-d
+    values = tuple(value) if listed else (value,)
+    if not all(isinstance(v, kinds) and not isinstance(v, bool) for v in values):
+        raise InputError(f"{name}: expected {what} or a list of them, got {value!r}")
+    return values
 
 
 def _distance_axis(ds: Dataset, distance: str, bit_weights, bins, radii) -> DistanceAxis | None:
@@ -202,6 +211,8 @@ class Evaluation:
 def evaluate_local(dataset, *, cache=None, threads: int | None = None, progress=None, **options) -> Evaluation:
     """Evaluate in this process with a thread pool; see :func:`evaluate` for the options."""
     t0 = time.time()
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, (int, np.integer)) or threads < 1):
+        raise InputError(f"--threads / threads=: expected a positive integer or None, got {threads!r}")
     ds, params, plan, parameters = prepare(dataset, **options)
     threads = threads or os.cpu_count() or 1
     plan = for_threads(plan, threads)

@@ -63,12 +63,15 @@ class _Part:
 class Evaluator:
     """Streaming evaluation state: add database and query batches in any sizes, merge, compute.
 
-    ``nbits``: bits per code when codes are given as packed ``numpy.packbits`` uint8 rows; otherwise
-    the width of the first batch sets B and every later batch must match.
+    ``nbits``: bits per code (1..MAX_NBITS) when codes are given as packed ``numpy.packbits`` uint8 rows;
+    None: the width of the first batch sets B and every later batch must match.
     """
 
     def __init__(self, nbits: int | None = None):
-        self.nbits = nbits
+        if nbits is not None and (isinstance(nbits, bool) or not isinstance(nbits, (int, np.integer))
+                                  or not 1 <= nbits <= MAX_NBITS):
+            raise InputError(f"nbits: expected an integer in 1..{MAX_NBITS} or None, got {nbits!r}")
+        self.nbits = None if nbits is None else int(nbits)
         self.packed = nbits is not None
         self._parts = {"database": _Part(), "queries": _Part()}
 
@@ -138,6 +141,8 @@ class Evaluator:
 
     def merge(self, other: Evaluator) -> Evaluator:
         """Add another evaluator's database and queries after this one's (e.g. from another process)."""
+        if not isinstance(other, Evaluator):
+            raise InputError(f"merge: expected an Evaluator, got {type(other).__name__}")
         if other.nbits is not None and self.nbits is not None and other.nbits != self.nbits:
             raise InputError(f"merge: the other evaluator has {other.nbits}-bit codes, this one {self.nbits}")
         for part in ("database", "queries"):
@@ -160,7 +165,8 @@ class Evaluator:
         """The report document of everything added so far (see :func:`hashdist.evaluate` for the options).
 
         ``relevant``: explicit ground truth instead of labels, as a CSR triple (indptr, indices[, grades])
-        or a list with each query's relevant database indices. ``query_scores``: the queries' real-valued
+        or a list with each query's relevant database indices (an empty one: none); with labels too, it is
+        used unless ``relevance=`` picks the labels' kind. ``query_scores``: the queries' real-valued
         vectors (Q, B), ranked by the asymmetric distance -y.b (docs/metrics.md, section 4b);
         ``bit_weights=`` (B,) or (Q, B) ranks by weighted Hamming distance.
         """
@@ -174,6 +180,8 @@ class Evaluator:
         if query_scores is not None:
             scores = check_scores(as_numpy(query_scores, "query_scores"), self.nbits, queries.rows, "query_scores")
             options.setdefault("distance", "asymmetric")
+        if relevant is not None and options.get("relevance") is None:
+            options["relevance"] = "explicit"
         url = f"memory://hashdist-{uuid.uuid4().hex}"
         try:
             self._write(url, _relevant_csr(relevant, queries.rows, db.rows), scores)
@@ -231,9 +239,12 @@ def _relevant_csr(relevant, n_queries: int, n_database: int):
         lists = [as_numpy(x, "relevant").reshape(-1) for x in relevant]
         if len(lists) != n_queries:
             raise InputError(f"relevant: {len(lists)} lists for {n_queries} queries")
+        for q, x in enumerate(lists):
+            if len(x) and x.dtype.kind not in "iu":
+                raise InputError(f"relevant: query {q}'s list holds {x.dtype}, not integer indices")
         indptr = np.concatenate([[0], np.cumsum([len(x) for x in lists])]).astype(np.int64)
-        indices = np.concatenate(lists) if lists else np.zeros(0, np.int64)
-        arrays = {"indptr": indptr, "indices": indices.astype(np.int64) if indices.dtype.kind in "iu" else indices}
+        indices = np.concatenate([np.zeros(0, np.int64), *(x.astype(np.int64) for x in lists)])
+        arrays = {"indptr": indptr, "indices": indices}
     return check_relevant(arrays, "relevant", n_queries, n_database)
 
 
@@ -251,10 +262,11 @@ def evaluate_codes(query_codes, db_codes, query_labels=None, db_labels=None, *, 
     """The report document for in-memory codes (the same as ``hashdist.evaluate`` on them ingested).
 
     ``relevant`` replaces labels with explicit ground truth (a CSR triple or a list of index arrays per
-    query); ``nbits`` means the codes are packed ``numpy.packbits`` rows of that many bits. Options as for
-    :func:`hashdist.evaluate`: k, radius, beta, empty_queries, relevance, max_grade, hashtable,
-    query_block_rows, db_block_rows, bit_weights, distance_bins. ``query_scores``: rank by the asymmetric
-    distance to these real-valued query vectors. Writes no files.
+    query, an empty one for none) unless ``relevance=`` picks the labels' kind; ``nbits`` means the codes
+    are packed ``numpy.packbits`` rows of that many bits. Options as for :func:`hashdist.evaluate`: k, radius,
+    beta, empty_queries, relevance, max_grade, hashtable, query_block_rows, db_block_rows, bit_weights,
+    distance_bins. ``query_scores``: rank by the asymmetric distance to these real-valued query vectors.
+    Writes no files.
     """
     if (query_labels is None) != (db_labels is None):
         raise InputError("query_labels and db_labels must be given together")

@@ -43,11 +43,11 @@ class MetricParams:
     def validate(self, nbits: int) -> None:
         from hashdist.errors import InputError
 
-        if not self.ks or any(int(k) != k or k < 1 for k in self.ks):
+        if not self.ks or any(not 1 <= k < math.inf or int(k) != k for k in self.ks):
             raise InputError(f"--k: every K must be a positive integer, got {list(self.ks)}")
         if not self.radii:
             raise InputError("--radius: give at least one radius")
-        if self.distance == "hamming" and any(int(r) != r or not 0 <= r <= nbits for r in self.radii):
+        if self.distance == "hamming" and any(not 0 <= r <= nbits or int(r) != r for r in self.radii):
             raise InputError(f"--radius: every radius must be an integer in 0..{nbits}, got {list(self.radii)}")
         if self.distance != "hamming" and not all(math.isfinite(r) for r in self.radii):
             raise InputError(f"--radius: every radius must be a finite number, got {list(self.radii)}")

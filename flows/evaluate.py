@@ -42,7 +42,7 @@ from prefect.context import FlowRunContext
 from prefect.states import State
 
 from flows.history import drop_state, watch
-from flows.runtime import TASK_OPTIONS, cluster_threads, progress_bar, task_runner, workers_in_this_process
+from flows.runtime import TASK_OPTIONS, cluster_threads, task_runner, workers_in_this_process
 from hashdist import precompile
 from hashdist.api import Evaluation, build_report, prepare
 from hashdist.cache import resolve_cache
@@ -68,6 +68,7 @@ from hashdist.engine import (
     work_shares,
 )
 from hashdist.metrics.registry import headline_rows
+from hashdist.progress import advance, progress_bar
 
 # pairs one histogram task may take (a few seconds of one core): the floor on task count for huge runs
 PAIRS_PER_TASK = 2e10
@@ -286,8 +287,7 @@ def evaluate(
             if i < paired:  # its code counts apart too, now that it is known to have completed
                 share_counts[i] = client.submit(_share_counts, state)
             pairs_done += sum(block.pairs for block in shares[i])
-            bar.update(len(shares[i]))
-            bar.set_postfix_str(f"{pairs_done / max(time.time() - t_start, 1e-9):.3g} pairs/s")
+            advance(bar, len(shares[i]), pairs_done, t_start)
         first_counts = [share_counts[i] for i in range(paired)] + later_groups
         t_compute = time.time()
         result = reduce_on_cluster(client, plan, params, items, picks, threads, first_counts)

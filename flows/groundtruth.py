@@ -13,9 +13,10 @@ import time
 from prefect import flow, task
 from prefect.futures import as_completed
 
-from flows.runtime import TASK_OPTIONS, progress_bar, task_runner
+from flows.runtime import TASK_OPTIONS, task_runner
 from hashdist import groundtruth as gt
 from hashdist.api import resolve_cache
+from hashdist.progress import progress_bar
 
 
 @task(name="groundtruth-block", **TASK_OPTIONS)

@@ -10,7 +10,6 @@ import math
 import os
 import signal
 import socket
-import sys
 import threading
 
 
@@ -70,42 +69,11 @@ def cluster_threads() -> int:
     return max(1, sum(threads.values()))
 
 
-class _NoBar:
-    """What a run reports progress to when no bar is shown: the part of tqdm's interface the flows use."""
-
-    def __init__(self, total: int):
-        self.total = total
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        pass
-
-    def update(self, n: int = 1) -> None:
-        pass
-
-    def set_postfix_str(self, text: str) -> None:
-        pass
-
-    def refresh(self) -> None:
-        pass
-
-
 def workers_in_this_process() -> bool:
     """Whether the flow's Dask workers are threads of this process (the embedded LocalCluster): then they share
     its compiled functions and its numba cache."""
     workers = FlowRunContext.get().task_runner.client.scheduler_info(n_workers=-1)["workers"]
     return bool(workers) and all(address.startswith("inproc://") for address in workers)
-
-
-def progress_bar(total: int, enabled: bool):
-    """A tqdm bar on stderr, shown only when enabled and stderr is a terminal (tqdm is loaded only then)."""
-    if not (enabled and sys.stderr.isatty()):
-        return _NoBar(total)
-    from tqdm import tqdm
-
-    return tqdm(total=total, unit="block", file=sys.stderr, dynamic_ncols=True)
 
 
 def worker_timeout() -> float:

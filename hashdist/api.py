@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
@@ -26,6 +27,7 @@ from hashdist.errors import InputError
 from hashdist.kernels.hashtable import parse_hashtable_spec
 from hashdist.metrics.conventions import conventions_report
 from hashdist.metrics.summary import MetricParams
+from hashdist.progress import advance, progress_bar
 from hashdist.protocols import get_protocol, protocol_k
 from hashdist.report import REPORT_MARKER, provenance, write_outputs
 
@@ -208,15 +210,25 @@ class Evaluation:
         )
 
 
-def evaluate_local(dataset, *, cache=None, threads: int | None = None, progress=None, **options) -> Evaluation:
-    """Evaluate in this process with a thread pool; see :func:`evaluate` for the options."""
+def evaluate_local(dataset, *, cache=None, threads: int | None = None, progress: bool = False,
+                   **options) -> Evaluation:
+    """Evaluate in this process with a thread pool; see :func:`evaluate` for the options. ``progress``: a bar
+    of histogram blocks on stderr while they run, when stderr is a terminal."""
     t0 = time.time()
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, (int, np.integer)) or threads < 1):
         raise InputError(f"--threads / threads=: expected a positive integer or None, got {threads!r}")
     ds, params, plan, parameters = prepare(dataset, **options)
     threads = threads or os.cpu_count() or 1
     plan = for_threads(plan, threads)
-    result = run_local(plan, params, resolve_cache(cache), threads=threads, progress=progress)
+    lock, pairs = threading.Lock(), [0]  # the blocks' threads report to one bar
+    with progress_bar(len(plan.histogram_blocks), progress) as bar:
+
+        def block_done(block, _cached):
+            with lock:
+                pairs[0] += block.pairs
+                advance(bar, 1, pairs[0], t0)
+
+        result = run_local(plan, params, resolve_cache(cache), threads=threads, progress=block_done)
     timing = {"startup_s": 0.0, **result.timing, "write_s": 0.0, "wall_s": time.time() - t0}
     engine = {"kind": "local-threads", "threads": threads, "code_parts": plan.code_parts}
     report = build_report(ds, plan, parameters, result, timing, engine)

@@ -379,7 +379,7 @@ def _evaluate_into(a):
         from hashdist.api import evaluate_local
 
         started_at = time.time()
-        evaluation = evaluate_local(a.dataset, cache=cache, threads=a.threads, **options)
+        evaluation = evaluate_local(a.dataset, cache=cache, threads=a.threads, progress=not a.quiet, **options)
         evaluation.write(a.out, overwrite=a.overwrite, html=not a.no_html, started_at=started_at)
         verdict = None
         if a.history is not None:
@@ -546,7 +546,7 @@ def _run_groundtruth(a):
         from hashdist import groundtruth
         from hashdist.dataset import open_dataset
 
-        gt, run = groundtruth.run_local(a.dataset, cache=cache, threads=a.threads, **options)
+        gt, run = groundtruth.run_local(a.dataset, cache=cache, threads=a.threads, progress=not a.quiet, **options)
         summary = {**groundtruth.write(open_dataset(a.dataset), gt).attrs()["groundtruth"], **run}
     else:
         from flows.groundtruth import run_groundtruth

@@ -47,6 +47,7 @@ from hashdist.blocks import Block, block_rows, row_ranges
 from hashdist.cache import BlockCache, resolve_cache
 from hashdist.dataset import FEATURES, Dataset, chunk_digest, combine_digests, open_dataset, replace_relevant
 from hashdist.errors import InputError
+from hashdist.progress import progress_bar
 
 METHODS = ("epsilon_ball", "top_percent")
 GROUNDTRUTH_VERSION = 1
@@ -470,25 +471,28 @@ def write(ds: Dataset, gt: GroundTruth) -> Dataset:
     return replace_relevant(ds.url, gt.indptr, gt.indices, {"relevance": kinds, "groundtruth": record})
 
 
-def run_local(dataset, *, cache=None, threads: int | None = None, progress=None, **options) -> tuple[GroundTruth, dict]:
+def run_local(dataset, *, cache=None, threads: int | None = None, progress: bool = False,
+              **options) -> tuple[GroundTruth, dict]:
     """Compute the ground truth with a thread pool in this process: (ground truth, {blocks, timing}).
 
-    ``progress(block, cached)`` is called after each block; nothing is written (see :func:`write`).
+    ``progress``: a bar of blocks on stderr while they run, when stderr is a terminal. Nothing is written
+    (see :func:`write`).
     """
     t0 = time.time()
     ds, params = prepare(dataset, **options)
     store = resolve_cache(cache)
     blocks = {"computed": 0, "cached": 0}
-    with ThreadPoolExecutor(threads or os.cpu_count() or 1) as pool:
+    with ThreadPoolExecutor(threads or os.cpu_count() or 1) as pool, progress_bar(0, progress) as bar:
 
         def run_sweep(sweep, merger):
+            bar.total += len(sweep.blocks)
+            bar.refresh()
             for block, (result, was_cached) in zip(
                 sweep.blocks, pool.map(lambda b: cached_block(sweep, b, store), sweep.blocks), strict=True
             ):
                 merger.add(block, result)
                 blocks["cached" if was_cached else "computed"] += 1
-                if progress:
-                    progress(block, was_cached)
+                bar.update(1)
 
         gt = compute(ds, params, run_sweep)
     return gt, {"blocks": blocks, "timing": {"compute_s": time.time() - t0}}

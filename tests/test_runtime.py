@@ -1,6 +1,7 @@
 """The flow engine as the CLI runs it: bad input in one line, no telemetry errors, no process outliving
 the CLI, and a malformed cluster variable failing the run rather than the import."""
 
+import re
 import signal
 import subprocess
 import sys
@@ -323,8 +324,62 @@ def test_preload_loads_what_the_run_needs(plots):
     assert done.stdout.split() == ["True", "True", str(plots)]
 
 
+def on_a_terminal(env, *args, timeout=120):
+    """The CLI run with its stderr on a pseudo-terminal: (exit status, what it wrote there)."""
+    import fcntl
+    import os
+    import pty
+    import select
+    import struct
+    import termios
+
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))  # 24 rows, 100 columns
+    proc = subprocess.Popen([HASHDIST, *map(str, args)], env=env, stdout=subprocess.DEVNULL, stderr=follower)
+    os.close(follower)
+    written, deadline = b"", time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            if select.select([leader], [], [], 1)[0]:
+                try:
+                    chunk = os.read(leader, 65536)
+                except OSError:  # EIO: the process closed the terminal
+                    break
+                if not chunk:
+                    break
+                written += chunk
+            elif proc.poll() is not None:
+                break
+        return proc.wait(timeout=max(1, deadline - time.monotonic())), written.decode(errors="replace")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        os.close(leader)
+
+
+def test_local_engine_shows_a_progress_bar_on_a_terminal(tmp_path, cli_env, class_dataset):
+    """`--engine local` draws the bar of blocks the flow draws (tqdm's "N/N [..., block/s, pairs/s]"), for
+    evaluate and groundtruth alike, and --quiet turns it off."""
+    from hashdist.ingest import ingest
+    from tests.test_groundtruth import feature_inputs
+
+    status, bar = on_a_terminal(cli_env, "evaluate", class_dataset, "--out", tmp_path / "r", "--engine", "local",
+                                "--no-html", "--query-block-rows", "16", "--db-block-rows", "500")
+    assert status == 0, bar
+    assert re.search(r"100%.* (\d+)/\1 \[.*block/s, [0-9.e+]+ pairs/s\]", bar), bar  # every block, N/N
+    status, quiet = on_a_terminal(cli_env, "evaluate", class_dataset, "--out", tmp_path / "r", "--engine", "local",
+                                  "--no-html", "--quiet")
+    assert status == 0 and "block" not in quiet, quiet
+    paths, _, _ = feature_inputs(tmp_path)
+    ingest(tmp_path / "f.zarr", paths["db"], paths["q"], db_features=paths["df"], query_features=paths["qf"])
+    status, bar = on_a_terminal(cli_env, "groundtruth", tmp_path / "f.zarr", "--method", "top_percent", "--engine",
+                                "local", "--db-block-rows", "100")
+    assert status == 0 and "block/s" in bar, bar
+
+
 def test_no_progress_bar_off_a_terminal():
-    code = ("import sys; from flows.runtime import progress_bar\n"
+    code = ("import sys; from hashdist.progress import progress_bar\n"
             "with progress_bar(3, True) as bar:\n"
             "    bar.total += 2; bar.refresh(); bar.update(1); bar.set_postfix_str('x')\n"
             "print('tqdm' in sys.modules)")

@@ -111,7 +111,11 @@ def _run_ingest(a):
     if a.db_codes is None:
         raise InputError("--db-codes is required (or --splits with --codes and --labels)")
     if a.append:
-        append(a.out, a.db_codes, a.db_labels, packed=a.packed)
+        for name in ("query_codes", "query_labels", "query_relevant", "db_features", "query_features",
+                     "query_scores", "relevance"):
+            if getattr(a, name) is not None:
+                raise InputError(f"--{name.replace('_', '-')}: not with --append, which adds database rows only")
+        append(a.out, a.db_codes, a.db_labels, packed=a.packed, nbits=a.nbits)
         return f"appended {a.db_codes} to {a.out}"
     if a.query_codes is None:
         raise InputError("--query-codes is required (unless --append)")

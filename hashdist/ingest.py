@@ -95,6 +95,8 @@ def _code_width(arr: np.ndarray, path, packed: bool, nbits: int | None) -> int:
         return arr.shape[1]
     if nbits is None:
         raise InputError("--packed needs --nbits B")
+    if isinstance(nbits, bool) or int(nbits) != nbits or not 1 <= nbits <= MAX_NBITS:
+        raise InputError(f"--nbits {nbits}: must be an integer in 1..{MAX_NBITS}")
     if arr.dtype != np.uint8:
         raise InputError(f"{path}: packed codes must be uint8 (numpy packbits), got {arr.dtype}")
     if arr.shape[1] != -(-nbits // 8):
@@ -321,11 +323,11 @@ def _check_append_labels(arr, path, ds) -> str:
     return kind
 
 
-def append(dataset, db_codes, db_labels=None, *, packed: bool = False) -> str:
+def append(dataset, db_codes, db_labels=None, *, packed: bool = False, nbits: int | None = None) -> str:
     """Append database rows from files to an existing dataset (``hashdist ingest --append``), streaming.
 
-    Every check that needs only shapes runs before anything is written; values are
-    validated block by block as they are written into the staged new version.
+    ``nbits``, if given, must be the dataset's. Every check that needs only shapes runs before anything is
+    written; values are validated block by block as they are written into the staged new version.
     """
     from hashdist.dataset import append_database_rows, open_dataset
 
@@ -333,6 +335,8 @@ def append(dataset, db_codes, db_labels=None, *, packed: bool = False) -> str:
     ds = open_dataset(dataset)
     if ds.has("database/features"):
         raise InputError(f"{dataset}: cannot append database rows to a dataset with features")
+    if nbits is not None and nbits != ds.nbits:
+        raise InputError(f"--nbits {nbits}: {dataset} has {ds.nbits}-bit codes")
     db = load_array(db_codes)
     width = _code_width(db, db_codes, packed, ds.nbits if packed else None)
     if width != ds.nbits:

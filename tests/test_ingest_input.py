@@ -94,3 +94,25 @@ def test_nbits_must_match_unpacked_codes(tmp_path, capsys, files):
     refused(capsys, ingest_argv(files, out, **{"--nbits": 5}), "--nbits 5", out)
     assert main(ingest_argv(files, out, **{"--nbits": 8})) == 0
     assert hashdist.open_dataset(out).nbits == 8
+
+
+def test_append_refuses_what_it_would_ignore(tmp_path, capsys, files):
+    """--append adds database rows: a --nbits that is not the dataset's, and the options of a new dataset, are
+    refused, and the dataset is left as it was."""
+    out = tmp_path / "out.zarr"
+    assert main(ingest_argv(files, out)) == 0
+    before = hashdist.open_dataset(out).fingerprint
+    append = ["ingest", "--append", "--out", out, "--db-codes", files["db"], "--db-labels", files["dbl"]]
+    refused(capsys, [*append, "--nbits", "16"], f"--nbits 16: {out} has 8-bit codes")
+    refused(capsys, [*append, "--query-codes", files["q"]], "--query-codes: not with --append")
+    refused(capsys, [*append, "--relevance", "class"], "--relevance: not with --append")
+    assert hashdist.open_dataset(out).fingerprint == before
+    assert main([str(a) for a in [*append, "--nbits", "8"]]) == 0
+
+
+def test_packed_nbits_out_of_range(tmp_path, capsys, files):
+    out = tmp_path / "out.zarr"
+    packed = tmp_path / "packed.npy"
+    np.save(packed, np.zeros((200, 1), np.uint8))
+    refused(capsys, [*ingest_argv(files, out, **{"--db-codes": packed, "--query-codes": packed}), "--packed",
+                     "--nbits", "0"], "--nbits 0: must be an integer in 1..4096", out)

@@ -188,9 +188,29 @@ def _add_synth(sub):
     p.add_argument("--out", required=True, metavar="DATASET.zarr")
 
 
+# the options each source of data does not take (refused rather than ignored)
+_SYNTHETIC_ONLY = ("labels", "n_classes", "n_concepts", "labels_per_item", "noise", "collision", "prototypes",
+                   "stray")
+_NOT_TAKEN_BY = {"digits": ("n_database", "dim", "n_clusters", "chunk_rows", *_SYNTHETIC_ONLY),
+                 "features": ("pooled", *_SYNTHETIC_ONLY), None: ("dim", "n_clusters")}
+
+
+def _check_synth_source(a) -> None:
+    """One source of data (a preset and synthetic options, --digits or --features), and only its options."""
+    sources = [name for name in ("preset", "digits", "features") if getattr(a, name)]
+    if len(sources) > 1:
+        raise InputError(f"--{sources[0]} and --{sources[1]}: give one source of data")
+    source = next((name for name in sources if name != "preset"), None)
+    for name in _NOT_TAKEN_BY[source]:
+        if getattr(a, name) not in (None, False):
+            rule = f"not with --{source}" if source else "only with --features"
+            raise InputError(f"--{name.replace('_', '-')}: {rule}")
+
+
 def _run_synth(a):
     from hashdist import synth
 
+    _check_synth_source(a)
     if a.splits is not None and not a.digits:
         raise InputError("--splits goes with --digits")
     if a.digits:

@@ -209,6 +209,19 @@ def test_synth_bad_option(tmp_path, capsys):
     assert_refused(capsys, ["synth", "--preset", "nope", "--out", out], "--preset", out)
 
 
+@pytest.mark.parametrize("args, needle", [
+    (["--digits", "lsh", "--preset", "demo"], "--preset and --digits: give one source of data"),
+    (["--digits", "lsh", "--features", "itq"], "--digits and --features: give one source of data"),
+    (["--digits", "lsh", "--noise", "0.1"], "--noise: not with --digits"),
+    (["--features", "lsh", "--n-database", "100", "--n-queries", "10", "--labels", "class"],
+     "--labels: not with --features"),
+    (["--preset", "demo", "--dim", "8"], "--dim: only with --features"),
+])
+def test_synth_refuses_options_its_source_would_ignore(tmp_path, capsys, args, needle):
+    out = tmp_path / "s.zarr"
+    assert_refused(capsys, ["synth", *args, "--out", out], needle, out)
+
+
 def test_missing_chunk_is_named(tmp_path, capsys, dataset):
     chunk = sorted((dataset / "database" / "labels").rglob("c/*"))[0]
     chunk.unlink()

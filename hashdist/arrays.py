@@ -143,6 +143,8 @@ class Evaluator:
         """Add another evaluator's database and queries after this one's (e.g. from another process)."""
         if not isinstance(other, Evaluator):
             raise InputError(f"merge: expected an Evaluator, got {type(other).__name__}")
+        if other is self:
+            raise InputError("merge: an evaluator cannot merge itself (its rows would count twice)")
         if other.nbits is not None and self.nbits is not None and other.nbits != self.nbits:
             raise InputError(f"merge: the other evaluator has {other.nbits}-bit codes, this one {self.nbits}")
         for part in ("database", "queries"):

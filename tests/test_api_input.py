@@ -88,7 +88,7 @@ def test_the_python_api_on_a_dataset_takes_one_value_and_checks_threads(class_da
 def test_a_refused_merge_or_compute_leaves_the_evaluator_unchanged(data):
     q, d, ql, dl = data
     ev = Evaluator().add_database(d, dl).add_queries(q, ql)
-    for bad in (lambda: ev.merge(None), lambda: ev.compute(k="5"), lambda: ev.compute(threads=0),
+    for bad in (lambda: ev.merge(None), lambda: ev.merge(ev), lambda: ev.compute(k="5"), lambda: ev.compute(threads=0),
                 lambda: ev.compute(relevant=[[]] * 9)):
         with pytest.raises(InputError):
             bad()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import os
 import platform
+import re
 import subprocess
 import sys
 import zlib
@@ -771,3 +772,11 @@ def test_pack_bits_matches_reference_packing(nbits):
     bits = rng.integers(0, 2, (7, nbits))
     assert np.array_equal(pack_bits(bits), ref.pack_bits_reference(bits))
     assert np.array_equal(unpack_bits(pack_bits(bits), nbits), bits)
+
+
+@pytest.mark.parametrize("shape", [(3, 5), (3, 5, 1), (3, 0, 2), (5,)])
+def test_metric_functions_name_a_histogram_of_the_wrong_shape(shape):
+    """The pure functions take H[q, d, g] of shape (Q, B+1, G+1 >= 2); anything else is refused by its shape."""
+    for measure in (average_precision, lambda H: ndcg_at_k(H, 3), lambda H: precision_at_k(H, 3), roc_auc):
+        with pytest.raises(ValueError, match=r"H must be counts of shape .*got shape " + re.escape(str(shape))):
+            measure(np.zeros(shape, np.int64))

@@ -44,6 +44,14 @@ def _check_k(k) -> int:
     return int(k)
 
 
+def as_histogram(H) -> np.ndarray:
+    """``H`` as contiguous int64 counts of shape (Q, B+1, G+1); a ValueError naming the shape otherwise."""
+    H = np.ascontiguousarray(H, dtype=np.int64)
+    if H.ndim != 3 or H.shape[1] < 1 or H.shape[2] < 2:
+        raise ValueError(f"H must be counts of shape (queries, distances B+1, grades G+1 >= 2), got shape {H.shape}")
+    return H
+
+
 _shared = threading.local()
 
 
@@ -55,7 +63,7 @@ def counts_shared(H: np.ndarray):
     The summary computes dozens of measures of one histogram; the array must not change meanwhile.
     """
     previous = getattr(_shared, "entry", None)
-    n, r = _group_counts(np.ascontiguousarray(H, dtype=np.int64))
+    n, r = _group_counts(as_histogram(H))
     _shared.entry = (H, (n, r), (n.sum(axis=1), r.sum(axis=1)))
     try:
         yield
@@ -71,7 +79,7 @@ def _shared_entry(H: np.ndarray):
 def group_counts(H: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Items n[q, d] and relevant items r[q, d] at each distance."""
     entry = _shared_entry(H)
-    return entry[1] if entry else _group_counts(np.ascontiguousarray(H, dtype=np.int64))
+    return entry[1] if entry else _group_counts(as_histogram(H))
 
 
 def group_totals(H: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -422,7 +430,7 @@ def _discounted(H, k, policy, gains, structhash):
 
 def ndcg_at_k(H, k, policy: str = "expected") -> np.ndarray:
     """NDCG@K with gain 2^g - 1 and discount 1/log2(rank + 1); NaN where IDCG = 0."""
-    H = np.ascontiguousarray(H, dtype=np.int64)
+    H = as_histogram(H)
     gains = 2.0 ** np.arange(H.shape[2]) - 1.0
     dcg, D, K_eff = _discounted(H, k, policy, gains, False)
     idcg = np.empty(H.shape[0])
@@ -436,7 +444,7 @@ def ndcg_structhash_at_k(H, k, policy: str = "expected") -> np.ndarray:
 
     NaN where the query has no relevant item.
     """
-    H = np.ascontiguousarray(H, dtype=np.int64)
+    H = as_histogram(H)
     gains = np.ones(H.shape[2])
     gains[0] = 0.0
     dcg, _, _ = _discounted(H, k, policy, gains, True)

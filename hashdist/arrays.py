@@ -188,6 +188,8 @@ class Evaluator:
         try:
             self._write(url, _relevant_csr(relevant, queries.rows, db.rows), scores)
             report = evaluate_local(url, cache=False, threads=threads, **options).report
+        except InputError as exc:  # named as the caller knows the data, not by the run's in-memory store
+            raise InputError(str(exc).replace(url, "<arrays>")) from None
         finally:
             _remove_memory_dataset(url)
         report["dataset"]["path"] = "<arrays>"

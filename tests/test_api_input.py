@@ -93,3 +93,9 @@ def test_a_refused_merge_or_compute_leaves_the_evaluator_unchanged(data):
         with pytest.raises(InputError):
             bad()
     _same(ev.compute(), evaluate_codes(q, d, ql, dl))
+
+
+def test_errors_about_the_arrays_do_not_name_the_runs_in_memory_store(data):
+    q, d, ql, dl = data
+    with pytest.raises(InputError, match="^--relevance multilabel: dataset <arrays> supports only class$"):
+        evaluate_codes(q, d, ql, dl, relevance="multilabel")

@@ -694,8 +694,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="hashdist", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    for add, _ in COMMANDS.values():
+    for name, (add, _) in COMMANDS.items():
         add(sub)
+        # after the command too (hashdist evaluate ... --debug); unset there, the value before it stands
+        sub.choices[name].add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                                       help="show tracebacks")
     return parser
 
 

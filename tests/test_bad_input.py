@@ -285,3 +285,13 @@ def test_library_writers_take_the_output_lock(tmp_path, class_dataset, writer):
             compare([f"a={class_dataset}", f"b={class_dataset}"], cache=False, out=out, permutations=10)
     assert not out.exists()
     assert [p.name for p in tmp_path.iterdir() if not p.name.endswith(".lock")] == []
+
+
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_debug_shows_the_error_itself_before_or_after_the_command(tmp_path, where):
+    """--debug goes before the command or after it; either way bad input then raises instead of one line."""
+    from hashdist.errors import InputError
+
+    args = ["evaluate", str(tmp_path / "missing.zarr"), "--out", str(tmp_path / "r"), "--engine", "local"]
+    with pytest.raises(InputError, match="no such dataset"):
+        main(["--debug", *args] if where == "before" else [*args, "--debug"])

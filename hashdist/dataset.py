@@ -25,6 +25,7 @@ CRC32C, so a corrupted chunk is detected when it is read.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 import shutil
 from contextlib import ExitStack
@@ -271,15 +272,27 @@ def validate_structure(ds: Dataset) -> None:
         _check_chunk_files(ds)
 
 
+def missing_chunk(array: zarr.Array) -> int | None:
+    """The first chunk (along rows) of an array in a local store whose file is missing, or None.
+
+    Zarr reads a missing chunk as fill values, so a lost file would pass for zeros; hashdist writes every
+    chunk's file (``write_empty_chunks``), so each one must be there. Stores that are not local are not checked.
+    """
+    root = getattr(array.store, "root", None)
+    if root is None:
+        return None
+    base = Path(root) / array.path
+    for coords in itertools.product(*(range(n) for n in array.cdata_shape)):
+        if not (base / array.metadata.encode_chunk_key(coords)).is_file():
+            return coords[0]
+    return None
+
+
 def _check_chunk_files(ds: Dataset) -> None:
-    """Zarr reads a missing chunk as fill values; refuse a local dataset with a chunk file missing."""
-    root = _local_path(ds.url)
-    for name, fp in ds.fingerprints.items():
-        arr = ds.array(name)
-        suffix = "/0" if arr.ndim == 2 else ""
-        for i in range(-(-fp.rows // arr.chunks[0])):
-            if not (root / name / "c" / f"{i}{suffix}").is_file():
-                raise InputError(f"{ds.url}: {name} chunk {i} is missing (damaged dataset)")
+    """Refuse a local dataset with a chunk file missing."""
+    for name in ds.fingerprints:
+        if (chunk := missing_chunk(ds.array(name))) is not None:
+            raise InputError(f"{ds.url}: {name} chunk {chunk} is missing (damaged dataset)")
 
 
 # -- writing ----------------------------------------------------------------

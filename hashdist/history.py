@@ -216,7 +216,8 @@ def _write_run(path: Path, entry: dict, arrays: dict[str, np.ndarray]) -> None:
     for name in ARRAYS:
         values = arrays[name]
         group.create_array(name, data=values, chunks=(max(1, len(values)),),
-                           compressors=(ZstdCodec(level=3), Crc32cCodec()))
+                           compressors=(ZstdCodec(level=3), Crc32cCodec()),
+                           config={"write_empty_chunks": True})  # every chunk has a file: a lost one is noticed
     group.attrs.update(entry)
 
 
@@ -287,6 +288,8 @@ def load_history(history_dir, *, arrays: bool = True) -> list[dict]:
     ``relevant`` as numpy arrays. A missing path or one that is not a history store is an InputError."""
     import zarr
 
+    from hashdist.dataset import missing_chunk
+
     path = check_history_dir(history_dir, must_exist=True)
     runs_dir = path / "runs"
     names = sorted(p.name for p in runs_dir.iterdir()  # run groups; not zarr.json, not hidden staging directories
@@ -299,7 +302,12 @@ def load_history(history_dir, *, arrays: bool = True) -> list[dict]:
             if entry.get("format") != f"{FORMAT}-run":
                 raise ValueError("no run entry")
             if arrays:
-                entry.update({key: np.asarray(group[key][:]) for key in ARRAYS})
+                for key in ARRAYS:
+                    if (chunk := missing_chunk(group[key])) is not None:
+                        raise InputError(f"{path}: run {name}: {key} chunk {chunk} is missing (damaged history)")
+                    entry[key] = np.asarray(group[key][:])
+        except InputError:
+            raise
         except Exception as exc:
             raise InputError(f"{path}: run {name} is unreadable ({type(exc).__name__}: {exc})") from None
         runs.append(entry)

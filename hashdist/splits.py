@@ -40,8 +40,8 @@ from pathlib import Path
 import numpy as np
 import zarr
 
-from hashdist.atomic import staged_directory
-from hashdist.dataset import _create_rows_array
+from hashdist.atomic import check_apart, staged_directory
+from hashdist.dataset import _create_rows_array, missing_chunk
 from hashdist.errors import InputError
 from hashdist.ingest import load_array
 
@@ -221,6 +221,7 @@ def split(out, labels=None, n_items=None, *, strategies=STRATEGIES, runs: int = 
           sizes: dict | None = None, overwrite: bool = False) -> dict:
     """Draw like :func:`make_splits` and write the store ``out`` one run at a time; returns its attributes."""
     strategies, sizes = _check_options(strategies, runs, seed, sizes)
+    check_apart(out, (labels,))
     groups, label_kind = _item_groups(labels, n_items)
     plans = {s: _plan(s, len(groups), sizes) for s in strategies}
     attrs = _attrs(len(groups), label_kind, seed, runs, plans)
@@ -316,11 +317,14 @@ def read_split(path, strategy: str, run: int) -> dict:
     for role in entry["roles"]:
         name = f"splits/{strategy}/{run}/{role}"
         try:
-            sets[role] = np.asarray(group[name][:]).astype(np.int64, copy=False)
+            array = group[name]
+            sets[role] = np.asarray(array[:]).astype(np.int64, copy=False)
         except KeyError:
             raise InputError(f"{path}: {name} is missing (damaged splits store)") from None
         except Exception as exc:  # zarr raises codec errors of several types
             raise InputError(f"{path}: cannot read {name}: {type(exc).__name__}: {exc}") from None
+        if (chunk := missing_chunk(array)) is not None:
+            raise InputError(f"{path}: {name} chunk {chunk} is missing (damaged splits store)")
         if len(sets[role]) != entry["sizes"][role]:
             raise InputError(f"{path}: {name} has {len(sets[role])} indices but the store records "
                              f"{entry['sizes'][role]}")

@@ -192,6 +192,17 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(watched, tmp_path, caps
     assert not (tmp_path / "r").exists()
 
 
+def test_a_lost_chunk_is_named_not_read_as_zeros(watched, tmp_path, capsys):
+    """A run's per-query AP with its chunk file gone would read as zeros, a drop that never happened."""
+    damaged = tmp_path / "history"
+    shutil.copytree(watched["history"], damaged)
+    run = sorted(p for p in (damaged / "runs").iterdir() if p.is_dir())[-1]
+    (run / "ap" / "c" / "0").unlink()
+    status, _, err = cli(capsys, "history", damaged)
+    assert status == 2 and len(err.splitlines()) == 1, err
+    assert f"run {run.name}: ap chunk 0 is missing (damaged history)" in err, err
+
+
 _CRASH = """
 import os, sys
 import zarr

@@ -200,6 +200,9 @@ def test_read_split_errors(tmp_path, store):
     shutil.rmtree(store / "splits" / "standard" / "1" / "training")
     with pytest.raises(InputError, match="splits/standard/1/training is missing"):
         read_split(store, "standard", 1)
+    (store / "splits" / "improved" / "0" / "test_queries" / "c" / "0").unlink()  # zarr would read zeros
+    with pytest.raises(InputError, match="splits/improved/0/test_queries chunk 0 is missing"):
+        read_split(store, "improved", 0)
     zarr.open_group(str(store), mode="r+").attrs["format_version"] = 99
     with pytest.raises(InputError, match="format version 99 is not supported"):
         read_split(store, "standard", 0)

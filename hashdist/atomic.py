@@ -22,6 +22,19 @@ _held: set[Path] = set()  # lock files this process holds (a nested writer of th
 _held_guard = threading.Lock()
 
 
+def check_apart(out, inputs, option: str = "--out") -> None:
+    """Refuse an output that is one of the run's input paths, lies inside one or holds one: writing it (and
+    with --overwrite, replacing it) would destroy what the run reads. Inputs that are None or URLs are skipped."""
+    target = Path(out).absolute().resolve()
+    for source in inputs:
+        if source is None or "://" in str(source) or not isinstance(source, str | os.PathLike):
+            continue
+        path = Path(source).absolute().resolve()
+        if target == path or target in path.parents or path in target.parents:
+            how = "is" if target == path else "holds" if target in path.parents else "lies inside"
+            raise InputError(f"{option} {out}: {how} the input {source}; write the output elsewhere")
+
+
 def temporary_sibling(final: Path, tag: str = "tmp") -> Path:
     """A fresh hidden path next to ``final`` (same filesystem, so a rename is atomic)."""
     return final.with_name(f".{final.name}.{tag}-{uuid.uuid4().hex[:8]}")

@@ -385,7 +385,7 @@ def _check_evaluate(a):
     from hashdist.api import prepare
     from hashdist.report import check_output_dir
 
-    check_output_dir(a.out, a.overwrite)
+    check_output_dir(a.out, a.overwrite, (a.dataset, a.bit_weights))
     if a.history is not None:
         _check_history_option(a)
     _check_execution(a)

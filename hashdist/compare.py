@@ -355,5 +355,5 @@ def validate(specs, *, k, radius, permutations, seed, out, overwrite) -> tuple[l
         for ds in runs:
             prepare(ds.url, k=k, radius=radius)
     if out is not None:
-        check_comparison_dir(out, overwrite)
+        check_comparison_dir(out, overwrite, [ds.url for runs in datasets for ds in runs])
     return methods, datasets

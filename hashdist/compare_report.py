@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hashdist.atomic import staged_directory
+from hashdist.atomic import check_apart, staged_directory
 from hashdist.codeusage import rank_size_steps
 from hashdist.errors import InputError
 from hashdist.metrics.registry import BY_KEY, FIELD_LABELS, MEASURES, headline_rows, lookup
@@ -26,8 +26,10 @@ from hashdist.stats import t_interval
 COMPARISON_MARKER = "hashdist-comparison"
 
 
-def check_comparison_dir(out, overwrite: bool) -> Path:
-    """Refuse an existing directory that is not a previous comparison, unless overwrite."""
+def check_comparison_dir(out, overwrite: bool, inputs=()) -> Path:
+    """Refuse an existing directory that is not a previous comparison, unless overwrite, and one that overlaps
+    an input path (a method's dataset)."""
+    check_apart(out, inputs)
     out = Path(out)
     if out.exists() and not overwrite:
         try:

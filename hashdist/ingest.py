@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from hashdist.atomic import check_apart
 from hashdist.bits import check_code_convention, code_values, numpy_packed_to_words, pack_bits
 from hashdist.dataset import DEFAULT_CHUNK_ROWS, DEFAULT_QUERY_CHUNK_ROWS, MAX_NBITS, DatasetWriter
 from hashdist.distance import check_scores
@@ -232,6 +233,8 @@ def ingest(
     _check_paths(db_codes=db_codes, query_codes=query_codes, db_labels=db_labels, query_labels=query_labels,
                  query_relevant=query_relevant, db_features=db_features, query_features=query_features,
                  query_scores=query_scores)
+    check_apart(out, (db_codes, query_codes, db_labels, query_labels, query_relevant, db_features, query_features,
+                      query_scores))
     if chunk_rows < 1 or query_chunk_rows < 1:
         raise InputError("--chunk-rows must be a positive integer")
     db, qs = load_array(db_codes), load_array(query_codes)
@@ -387,6 +390,7 @@ def ingest_split(out, codes, labels, splits, *, strategy: str, run: int, validat
     from hashdist.splits import read_split
 
     _check_paths(codes=codes, labels=labels)
+    check_apart(out, (codes, labels, splits))
     roles = read_split(splits, strategy, run)  # validates the store, the strategy and the run index
     attrs = dict(zarr.open_group(str(splits), mode="r").attrs)
     query_role, db_role = split_roles(strategy, validation)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hashdist.atomic import staged_directory
+from hashdist.atomic import check_apart, staged_directory
 from hashdist.codeusage import rank_size_steps
 from hashdist.errors import InputError
 from hashdist.metrics.conventions import BY_NAME
@@ -298,8 +298,10 @@ def render_html(report: dict, images: dict[str, str]) -> str:
 PER_QUERY_KEYS = ("relevant", *(f"{m.per_query_name or m.key}/" for m in MEASURES if m.stored_per_query))
 
 
-def check_output_dir(out, overwrite: bool) -> Path:
-    """Refuse an existing directory that is not a previous hashdist report, unless overwrite."""
+def check_output_dir(out, overwrite: bool, inputs=()) -> Path:
+    """Refuse an existing directory that is not a previous hashdist report, unless overwrite, and one that
+    overlaps an input path (the dataset)."""
+    check_apart(out, inputs)
     out = Path(out)
     if out.exists() and not overwrite:
         marker = out / "report.json"
@@ -331,7 +333,7 @@ def write_outputs(
     ``finalize(report)``, if given, runs just before report.json is written (to record timings).
     """
     out = Path(out)
-    with staged_directory(check_output_dir(out, overwrite)) as tmp:
+    with staged_directory(check_output_dir(out, overwrite, (report["dataset"]["path"],))) as tmp:
         report["outputs"] = {"report_json": str(out / "report.json"), "per_query": str(out / "per_query.zarr"),
                              "report_html": str(out / "report.html") if html else None}
         write_per_query(tmp / "per_query.zarr", per_query)

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hashdist.atomic import staged_directory
+from hashdist.atomic import check_apart, staged_directory
 from hashdist.bits import n_words, pack_bits, unpack_bits
 from hashdist.dataset import (
     DEFAULT_CHUNK_ROWS,
@@ -431,6 +431,7 @@ def digits_dataset(
         raise InputError(f"--method must be one of {', '.join(DIGITS_METHODS)}, got {method!r}")
     nbits = _int_opt(nbits, "--nbits", 1, MAX_NBITS)
     seed = _int_opt(seed, "--seed", 0)
+    check_apart(out, (splits,))
     x, y = load_digits(return_X_y=True)
     n, d = x.shape
     if method in ("pcah", "itq") and nbits > d:

@@ -3,6 +3,7 @@
 import pickle
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -295,3 +296,20 @@ def test_debug_shows_the_error_itself_before_or_after_the_command(tmp_path, wher
     args = ["evaluate", str(tmp_path / "missing.zarr"), "--out", str(tmp_path / "r"), "--engine", "local"]
     with pytest.raises(InputError, match="no such dataset"):
         main(["--debug", *args] if where == "before" else [*args, "--debug"])
+
+
+def test_an_output_that_overlaps_an_input_is_refused_even_with_overwrite(tmp_path, capsys, files, dataset):
+    """--out that is the dataset, lies inside it or holds it (and ingest's --out holding its input files) would
+    be replaced by the output: refused, and the inputs are left as they were."""
+    import hashdist
+
+    before = hashdist.open_dataset(dataset).fingerprint
+    local = ["--engine", "local", "--overwrite"]
+    assert_refused(capsys, ["evaluate", dataset, "--out", dataset, *local], f"--out {dataset}: is the input")
+    assert_refused(capsys, ["evaluate", dataset, "--out", dataset / "database", *local], "lies inside the input")
+    assert_refused(capsys, ["evaluate", dataset, "--out", tmp_path, *local], "holds the input")
+    assert_refused(capsys, ["compare", "--method", f"a={dataset}", "--method", f"b={dataset}", "--out", dataset,
+                            *local], "is the input")
+    assert hashdist.open_dataset(dataset).fingerprint == before
+    assert_refused(capsys, [*_ingest(files, tmp_path), "--overwrite"], f"--out {tmp_path}: holds the input")
+    assert all(Path(path).is_file() for path in files.values())

@@ -101,6 +101,12 @@ def _add_ingest(sub):
     p.add_argument("--out", required=True, metavar="DATASET.zarr")
 
 
+def _given(a, name: str) -> bool:
+    """Whether option ``name`` was given (a value, or a flag set); 0 counts as given."""
+    value = getattr(a, name)
+    return value is not None and value is not False
+
+
 def _run_ingest(a):
     from hashdist.ingest import append, ingest
 
@@ -108,6 +114,9 @@ def _run_ingest(a):
         return _ingest_split(a)
     if a.codes is not None or a.labels is not None:
         raise InputError("--codes and --labels go with --splits (use --db-codes and --query-codes otherwise)")
+    for name in ("strategy", "run", "validation"):
+        if _given(a, name):
+            raise InputError(f"--{name} goes with --splits")
     if a.db_codes is None:
         raise InputError("--db-codes is required (or --splits with --codes and --labels)")
     if a.append:
@@ -202,7 +211,7 @@ def _check_synth_source(a) -> None:
         raise InputError(f"--{sources[0]} and --{sources[1]}: give one source of data")
     source = next((name for name in sources if name != "preset"), None)
     for name in _NOT_TAKEN_BY[source]:
-        if getattr(a, name) not in (None, False):
+        if _given(a, name):
             rule = f"not with --{source}" if source else "only with --features"
             raise InputError(f"--{name.replace('_', '-')}: {rule}")
 
@@ -213,6 +222,9 @@ def _run_synth(a):
     _check_synth_source(a)
     if a.splits is not None and not a.digits:
         raise InputError("--splits goes with --digits")
+    for name in ("strategy", "run", "validation"):
+        if a.splits is None and _given(a, name):
+            raise InputError(f"--{name} goes with --splits")
     if a.digits:
         kwargs = {k: v for k, v in (("nbits", a.nbits), ("n_queries", a.n_queries)) if v is not None}
         if a.pooled:

@@ -405,6 +405,9 @@ def check_test_options(alpha, permutations, seed, min_drop) -> None:
             raise InputError(f"{option} must be an integer >= {lo}, got {value}")
     if isinstance(min_drop, bool) or not isinstance(min_drop, (int, float)) or not 0 <= min_drop < 1:
         raise InputError(f"--min-drop must be in [0, 1), got {min_drop}")
+    if alpha < 1 / (permutations + 1):  # the randomisation test's p is never below 1 / (P + 1)
+        raise InputError(f"--alpha {alpha:g} is below 1 / (--permutations + 1) = {1 / (permutations + 1):.3g}, the "
+                         "smallest p-value the test can give: no drop could be flagged")
 
 
 def compare_with_previous(history_dir, *, run: str | None = None, alpha: float = DEFAULT_ALPHA,

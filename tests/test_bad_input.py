@@ -217,6 +217,8 @@ def test_synth_bad_option(tmp_path, capsys):
     (["--features", "lsh", "--n-database", "100", "--n-queries", "10", "--labels", "class"],
      "--labels: not with --features"),
     (["--preset", "demo", "--dim", "8"], "--dim: only with --features"),
+    (["--digits", "lsh", "--noise", "0"], "--noise: not with --digits"),  # 0 is given too
+    (["--digits", "lsh", "--run", "0"], "--run goes with --splits"),
 ])
 def test_synth_refuses_options_its_source_would_ignore(tmp_path, capsys, args, needle):
     out = tmp_path / "s.zarr"

@@ -182,6 +182,7 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(watched, tmp_path, caps
     assert sorted(p.name for p in not_store.iterdir()) == ["notes.txt"]
     assert not (watched["data"] / "history.html").exists()
     refused("history", watched["history"], "--alpha", "2", "--out", tmp_path / "p.html", needle="--alpha")
+    refused("history", watched["history"], "--alpha", "0.00001", needle="the smallest p-value the test can give")
     refused("history", watched["history"], "--out", tmp_path / "no" / "p.html", needle="--out")
     assert not (tmp_path / "p.html").exists()
     # evaluate --history refuses a bad store before evaluating anything

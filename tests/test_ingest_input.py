@@ -110,6 +110,12 @@ def test_append_refuses_what_it_would_ignore(tmp_path, capsys, files):
     assert main([str(a) for a in [*append, "--nbits", "8"]]) == 0
 
 
+@pytest.mark.parametrize("extra", [["--strategy", "improved"], ["--run", "0"], ["--validation"]])
+def test_split_options_without_splits(tmp_path, capsys, files, extra):
+    out = tmp_path / "out.zarr"
+    refused(capsys, [*ingest_argv(files, out), *extra], f"{extra[0]} goes with --splits", out)
+
+
 def test_packed_nbits_out_of_range(tmp_path, capsys, files):
     out = tmp_path / "out.zarr"
     packed = tmp_path / "packed.npy"

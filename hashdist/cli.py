@@ -639,10 +639,16 @@ def _run_split(a):
             raise InputError(f"--strategy {' '.join(a.strategy)} does not go with --protocol {a.protocol} "
                              f"(a {preset['strategies'][0]} protocol)")
         strategies, sizes = preset["strategies"], {**preset["sizes"], **sizes}
-    attrs = split(a.out, labels=a.labels, n_items=a.n_items, strategies=strategies, runs=a.runs, seed=a.seed,
-                  sizes=sizes, overwrite=a.overwrite)
+    try:
+        attrs = split(a.out, labels=a.labels, n_items=a.n_items, strategies=strategies, runs=a.runs, seed=a.seed,
+                      sizes=sizes, overwrite=a.overwrite)
+    except InputError as exc:
+        if a.protocol is None:
+            raise
+        raise InputError(f"{exc} (sizes from --protocol {a.protocol} where not given)") from None
     kind = {"class": "class labels", "multilabel": "balanced on first labels", "none": "no labels"}
-    lines = [f"wrote {a.out}: N = {attrs['n_items']} ({kind[attrs['label_kind']]}), {attrs['runs']} runs, "
+    runs = f"{attrs['runs']} run{'s' if attrs['runs'] != 1 else ''}"
+    lines = [f"wrote {a.out}: N = {attrs['n_items']} ({kind[attrs['label_kind']]}), {runs}, "
              f"seed {attrs['seed']}"]
     for name, entry in attrs["strategies"].items():
         unused = f" ({entry['unused']} items unused)" if entry["unused"] else ""

@@ -109,7 +109,7 @@ class Method:
         """How error messages name run t (0-based) of this method."""
         if len(self.runs) == 1:
             return f"--method {self.name}={self.dataset}"
-        return f"--method {self.name} run {t + 1} ({self.runs[t]})"
+        return f"--method {self.name} run {t} ({self.runs[t]})"
 
 
 def _runs(n: int) -> str:
@@ -181,12 +181,12 @@ def check_same_ground_truth(methods: list[Method], datasets: list[list[Dataset]]
             for label, a, b in (("bits", ds.nbits, runs[0].nbits),
                                 ("relevance", ds.default_relevance, runs[0].default_relevance)):
                 if a != b:
-                    raise InputError(f"{method.where(t)}: {label} {a}, but run 1 has {b}; the runs of a method "
+                    raise InputError(f"{method.where(t)}: {label} {a}, but run 0 has {b}; the runs of a method "
                                      "are splits of one dataset")
     first = methods[0]
     for method, runs in zip(methods[1:], datasets[1:], strict=True):
         for t, (ds, ref) in enumerate(zip(runs, datasets[0], strict=True)):
-            run = f" run {t + 1}" if len(runs) > 1 else ""
+            run = f" run {t}" if len(runs) > 1 else ""
             _check_same(f"{method.where(t)}: differs from {first.name}{run}", ds, ref)
 
 
@@ -201,7 +201,7 @@ def open_methods(specs) -> tuple[list[Method], list[list[Dataset]]]:
             try:
                 runs.append(open_dataset(path))
             except InputError as exc:
-                where = f"--method {m.name}" + (f" run {t + 1}" if len(m.runs) > 1 else "")
+                where = f"--method {m.name}" + (f" run {t}" if len(m.runs) > 1 else "")
                 raise InputError(f"{where}: {exc}") from None
         datasets.append(runs)
     check_same_ground_truth(methods, datasets)

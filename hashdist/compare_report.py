@@ -128,7 +128,7 @@ def run_rows(method: dict, labels=None) -> tuple[list[str], list[list[str]]]:
     """Header and rows of a method's repeated runs: per ``over_runs`` label (default all), each run's value,
     the mean, the sample sd and the 95% t interval."""
     o = method["over_runs"]
-    header = ["measure", *(f"run {t}" for t in range(1, len(method["runs"]) + 1)), "mean", "sd", "95% CI"]
+    header = ["measure", *(f"run {t}" for t in range(len(method["runs"]))), "mean", "sd", "95% CI"]
     rows = [[label, *(fmt(v) for v in o[label]["values"]), fmt(o[label]["mean"]), fmt(o[label]["sd"]),
              _ci(o[label]["ci"])] for label in (labels or o)]
     return header, rows
@@ -263,7 +263,7 @@ def render_html(comparison: dict, images: dict[str, str]) -> str:
     usage_rows = [[name if T == 1 else f"{name} run {t}", str(m["nbits"]), str(u["distinct_codes"]),
                    str(u["max_bucket"]), fmt(u["collision_fraction"]), fmt(u["entropy_bits"], 2),
                    fmt(u["entropy_ratio"])]
-                  for name, m in methods.items() for t, u in enumerate((r["code_usage"] for r in runs_of(m)), 1)]
+                  for name, m in methods.items() for t, u in enumerate(r["code_usage"] for r in runs_of(m))]
     figures = "".join(html_figure(name, data, CAPTIONS[name]) for name, data in images.items())
     conventions = ("mAP and the @K columns are expectations over tie orders; mAP@K uses the 'retrieved' normaliser; "
                    f"radius measures at radius {p['lgap_radius']}. Definitions: docs/metrics.md of hashdist.")
@@ -281,10 +281,10 @@ def render_html(comparison: dict, images: dict[str, str]) -> str:
         datasets = "".join(
             f"<li><code>{html.escape(n)}</code>: "
             + ", ".join(f"run {t} <code>{html.escape(str(run['dataset']))}</code>"
-                        for t, run in enumerate(m["runs"], 1))
+                        for t, run in enumerate(m["runs"]))
             + "</li>" for n, m in methods.items())
         evaluated = ", ".join(f"run {t}: {e} of {n}" for t, (e, n) in enumerate(zip(q["evaluated"], q["total"],
-                                                                                    strict=True), 1))
+                                                                                    strict=True)))
         head = (f"<ul>{datasets}</ul><p>{T} runs; run t of every method has the same queries and ground truth. "
                 f"Queries evaluated (those with relevant items): {evaluated}. {conventions} Over the runs: the mean, "
                 f"the sample standard deviation (divisor T - 1) and the 95% interval mean \u00b1 "
@@ -316,9 +316,12 @@ def render_html(comparison: dict, images: dict[str, str]) -> str:
 
 # -- tables for papers ----------------------------------------------------------------
 
-_CONVENTION = ("expected over all orders of items tied at one Hamming distance; mAP@K normalised by the relevant "
-               "items retrieved (DeepHash-pytorch's CalcTopMap); the mean runs over the {evaluated} with "
-               "relevant items (hashdist's default query set)")
+def _convention(evaluated: str, map_at_k: bool) -> str:
+    """The caption's statement of the conventions (mAP@K's normaliser only where the table has mAP@K)."""
+    normaliser = ("; mAP@K normalised by the relevant items retrieved (DeepHash-pytorch's CalcTopMap)" if map_at_k
+                  else "")
+    return (f"expected over all orders of items tied at one Hamming distance{normaliser}; the mean runs over the "
+            f"{evaluated} with relevant items (hashdist's default query set)")
 
 
 def _by_bit_length(comparison: dict) -> bool:
@@ -382,14 +385,14 @@ def paper_cells(comparison: dict) -> tuple[list[str], list[list[tuple[str, bool,
         grid = [[cell_of.get((g, b)) for b in bits] for g in groups]
         labels = groups
         measure_at = [(BY_KEY["map"], None, None)] * len(bits)
-        what = "mAP"
+        what, map_at_k = "mAP", False
     else:
         columns = _columns(comparison)
         header = ["Method", *(c[0] for c in columns)]
         labels = list(comparison["ranking"])
         grid = [[methods[n]] * len(columns) for n in labels]
         measure_at = [c[1:] for c in columns]
-        what = "Metrics"
+        what, map_at_k = "Metrics", any(measure.key == "map_at_k" for measure, _, _ in measure_at)
     rows = [[(label, False, False)] for label in labels]
     for j, (measure, value, variant) in enumerate(measure_at):
         cells = {i: _cell([run["metrics"] for run in runs_of(grid[i][j])], measure, value, variant)
@@ -407,14 +410,14 @@ def paper_cells(comparison: dict) -> tuple[list[str], list[list[tuple[str, bool,
             rows[i].append((fmt(mean) if T == 1 else f"{fmt(mean)} \u00b1 {fmt(sd)}", mean == best, dagger))
     if T == 1:
         evaluated = f"{comparison['queries']['evaluated']} queries"
-        caption = (f"{what} of each method, {_CONVENTION.format(evaluated=evaluated)}. Bold: best in its column. "
+        caption = (f"{what} of each method, {_convention(evaluated, map_at_k)}. Bold: best in its column. "
                    "\u2020: the tie interval [worst, best] overlaps another method's, so their order depends on how "
                    "ties are broken.")
     else:
         counts = sorted(set(comparison["queries"]["evaluated"]))
         evaluated = f"{counts[0]}{f' to {counts[-1]}' if len(counts) > 1 else ''} queries of each run"
         caption = (f"{what} of each method, mean \u00b1 sample standard deviation over {T} runs (one split each), "
-                   f"{_CONVENTION.format(evaluated=evaluated)}. Bold: best mean in its column. \u2020: the interval "
+                   f"{_convention(evaluated, map_at_k)}. Bold: best mean in its column. \u2020: the interval "
                    "[mean worst, mean best] over runs overlaps another method's, so their order depends on how ties "
                    "are broken.")
     return header, rows, caption

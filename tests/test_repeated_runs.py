@@ -62,7 +62,7 @@ def test_exact_sign_flip_matches_enumeration():
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """{method: [dataset of run 1, 2, 3]}: run t of every method has the labels of SEEDS[t]."""
+    """{method: [dataset of run 0, 1, 2]}: run t of every method has the labels of SEEDS[t]."""
     d = tmp_path_factory.mktemp("runs")
     return {name: [synth_dataset(d / f"{name}-{seed}.zarr", seed=seed, **COMMON, **kw) for seed in SEEDS]
             for name, kw in KINDS.items()}
@@ -87,7 +87,7 @@ def test_summaries_and_tests_over_runs(runs):
         assert [run["dataset"] for run in m["runs"]] == runs[name]
         assert [run["fingerprint"] for run in m["runs"]] == [open_dataset(p).fingerprint for p in runs[name]]
         direct = evaluate_local(runs[name][1], cache=False, k=[10]).report["metrics"]
-        assert m["runs"][1]["metrics"]["map"] == direct["map"]  # run 2 is the second dataset
+        assert m["runs"][1]["metrics"]["map"] == direct["map"]  # run 1 is the second dataset
         o = m["over_runs"]
         assert list(o)[:3] == ["mAP", "mAP worst", "mAP best"] and {"mLGAP@2", "P@10", "AUC"} <= set(o)
         per_run = {"mAP": [r["metrics"]["map"]["expected"] for r in m["runs"]],
@@ -152,11 +152,11 @@ def test_run_t_is_paired_with_run_t(tmp_path):
 
 @pytest.mark.parametrize("case,needle", [
     ("fewer", "--method poor@16={b1},{b2}: 2 runs, but good@16 has 3 runs"),
-    ("swapped", "--method poor@16 run 1 ({b2}): differs from good@16 run 1 in queries/labels"),
-    ("other_split", "--method poor@16 run 3 ({b1}): differs from good@16 run 3 in queries/labels"),
+    ("swapped", "--method poor@16 run 0 ({b2}): differs from good@16 run 0 in queries/labels"),
+    ("other_split", "--method poor@16 run 2 ({b1}): differs from good@16 run 2 in queries/labels"),
     ("empty", "--method poor@16={b1},,{b3}: an empty dataset among its runs"),
-    ("missing", "--method poor@16 run 2: nowhere.zarr: no such dataset"),
-    ("bits", "--method poor@16 run 2 ({c2}): bits 32, but run 1 has 16"),
+    ("missing", "--method poor@16 run 1: nowhere.zarr: no such dataset"),
+    ("bits", "--method poor@16 run 1 ({c2}): bits 32, but run 0 has 16"),
 ])
 def test_mismatched_runs_refused_in_one_line(runs, tmp_path, capsys, case, needle):
     b1, b2, b3 = runs["poor@16"]
@@ -209,7 +209,7 @@ def test_cli_writes_runs_and_summaries(runs, tmp_path, capsys):
     page = (out / "comparison.html").read_text()
     for name, m in c["methods"].items():
         table = page.split(f'<table id="runs-{name}">')[1].split("</table>")[0]
-        assert f"<th>run {T}</th>" in table and "<th>95% CI</th>" in table
+        assert f"<th>run {T - 1}</th>" in table and "<th>95% CI</th>" in table  # runs from 0
         for label, summary in m["over_runs"].items():
             row = table.split(f"<tr><td>{label}</td>")[1].split("</tr>")[0]
             expected = [*(f"{v:.4f}" for v in summary["values"]), f"{summary['mean']:.4f}", f"{summary['sd']:.4f}",

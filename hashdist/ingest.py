@@ -387,7 +387,7 @@ def ingest_split(out, codes, labels, splits, *, strategy: str, run: int, validat
     import zarr
 
     from hashdist.dataset import chunk_digest, combine_digests
-    from hashdist.splits import read_split
+    from hashdist.splits import check_drawn_from, read_split
 
     _check_paths(codes=codes, labels=labels)
     check_apart(out, (codes, labels, splits))
@@ -401,6 +401,7 @@ def ingest_split(out, codes, labels, splits, *, strategy: str, run: int, validat
             raise InputError(f"{path}: {arr.shape[0]} rows but the splits in {splits} cover {n_items} items")
     width = _code_width(all_codes, codes, packed, nbits)
     kind = _label_kind(all_labels, labels)
+    check_drawn_from(splits, all_labels, str(labels))
     if len(roles[query_role]) == 0 or len(roles[db_role]) == 0:
         raise InputError(f"--strategy {strategy} --run {run}: the {query_role} or {db_role} set of {splits} is empty")
     record = {"splits": str(splits), "strategy": strategy, "run": int(run), "queries": query_role,

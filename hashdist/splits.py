@@ -34,6 +34,7 @@ on every machine and numpy version, and whether or not the other strategy is dra
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 
@@ -184,11 +185,31 @@ def _runs(groups: np.ndarray, plans: dict, seed: int, runs: int):
             yield strategy, t, _draw(groups, group_sizes, plan, bitgen)
 
 
-def _attrs(n: int, label_kind: str, seed: int, runs: int, plans: dict) -> dict:
+def _attrs(n: int, label_kind: str, seed: int, runs: int, plans: dict, groups: np.ndarray | None = None) -> dict:
     strategies = {s: {"sizes": {r: int(v) for r, v in plan.items()}, "roles": list(plan), "unused": int(unused)}
                   for s, (plan, unused) in plans.items()}
-    return {"format": FORMAT, "format_version": FORMAT_VERSION, "n_items": int(n), "label_kind": label_kind,
-            "seed": int(seed), "runs": int(runs), "strategies": strategies}
+    attrs = {"format": FORMAT, "format_version": FORMAT_VERSION, "n_items": int(n), "label_kind": label_kind,
+             "seed": int(seed), "runs": int(runs), "strategies": strategies}
+    if groups is not None:  # the classes the sets are balanced over, so that other labels can be refused later
+        attrs["groups_sha256"] = _groups_digest(groups)
+    return attrs
+
+
+def _groups_digest(groups: np.ndarray) -> str:
+    return hashlib.sha256(np.ascontiguousarray(groups, dtype=np.int64).tobytes()).hexdigest()
+
+
+def check_drawn_from(path, labels, name: str = "--labels") -> None:
+    """Refuse labels whose classes are not those the store at ``path`` was drawn from (stores that record
+    them: written by :func:`split` from labels): another file, or the right one permuted, would silently
+    give sets that are neither balanced nor the recorded ones."""
+    attrs = dict(_open(path).attrs)
+    expected = attrs.get("groups_sha256")
+    if expected is None:
+        return
+    groups, kind = _item_groups(labels, None)
+    if kind != attrs["label_kind"] or _groups_digest(groups) != expected:
+        raise InputError(f"{name}: not the labels {path} was drawn from (the items' classes differ)")
 
 
 def protocol_options(name: str) -> dict:
@@ -224,7 +245,7 @@ def split(out, labels=None, n_items=None, *, strategies=STRATEGIES, runs: int = 
     check_apart(out, (labels,))
     groups, label_kind = _item_groups(labels, n_items)
     plans = {s: _plan(s, len(groups), sizes) for s in strategies}
-    attrs = _attrs(len(groups), label_kind, seed, runs, plans)
+    attrs = _attrs(len(groups), label_kind, seed, runs, plans, groups if label_kind != "none" else None)
     _write(out, attrs, _runs(groups, plans, seed, runs), overwrite)
     return attrs
 

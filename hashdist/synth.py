@@ -446,11 +446,12 @@ def digits_dataset(
         params.update(n_queries=n_queries, n_database=len(di), trained_on="database")
     else:
         from hashdist.ingest import split_roles
-        from hashdist.splits import read_split
+        from hashdist.splits import check_drawn_from, read_split
 
         roles = read_split(splits, strategy, run)
         if max(int(v.max(initial=-1)) for v in roles.values()) >= n:
             raise InputError(f"{splits}: its indices exceed the {n} digits (split it from the digits' labels)")
+        check_drawn_from(splits, y, f"{splits}: the digits' labels")
         query_role, db_role = split_roles(strategy, validation)
         qi, di, ti = roles[query_role], roles[db_role], roles["training"]
         if not len(qi) or not len(di) or not len(ti):

@@ -48,13 +48,17 @@ def test_dataset_holds_exactly_the_runs_rows(pooled, strategy, validation, tmp_p
     (["--run", "0", "--strategy", "sideways"], "--strategy"),
     (["--run", "0", "--codes", "{wrong}"], "rows but the splits"),
     (["--run", "0", "--db-codes", "{codes}"], "does not go with --splits"),
+    (["--run", "0", "--labels", "{permuted}"], "not the labels"),  # the right labels in another order
 ])
 def test_bad_split_ingest_is_one_line(pooled, tmp_path, capsys, extra, needle):
     np.save(tmp_path / "wrong.npy", np.zeros((10, 24), np.uint8))
+    labels = np.load(pooled / "pool" / "labels.npy")
+    np.save(tmp_path / "permuted.npy", labels[np.random.default_rng(0).permutation(len(labels))])
     base = {"--codes": str(pooled / "pool" / "codes.npy"), "--labels": str(pooled / "pool" / "labels.npy"),
             "--splits": str(pooled / "splits.zarr"), "--strategy": "standard"}
     for i in range(0, len(extra), 2):
-        base[extra[i]] = extra[i + 1].format(wrong=tmp_path / "wrong.npy", codes=pooled / "pool" / "codes.npy")
+        base[extra[i]] = extra[i + 1].format(wrong=tmp_path / "wrong.npy", codes=pooled / "pool" / "codes.npy",
+                                             permuted=tmp_path / "permuted.npy")
     out = tmp_path / "run.zarr"
     argv = ["ingest", *[x for pair in base.items() for x in pair], "--out", str(out)]
     capsys.readouterr()

@@ -374,6 +374,19 @@ def split_roles(strategy: str, validation: bool) -> tuple[str, str]:
     return "test_queries", "database" if strategy == "standard" else "test_database"
 
 
+def split_record(splits, strategy: str, run: int, validation: bool, roles: dict) -> dict:
+    """A split run's dataset's ``split`` attribute: the store, strategy, run, its two roles, the store's seed and
+    the digest of the two index arrays (``roles``: :func:`hashdist.splits.read_split`'s)."""
+    import zarr
+
+    from hashdist.dataset import chunk_digest, combine_digests
+
+    query_role, db_role = split_roles(strategy, validation)
+    return {"splits": str(splits), "strategy": strategy, "run": int(run), "queries": query_role,
+            "database": db_role, "seed": dict(zarr.open_group(str(splits), mode="r").attrs)["seed"],
+            "indices_sha256": combine_digests((chunk_digest(roles[query_role]), chunk_digest(roles[db_role])))}
+
+
 def ingest_split(out, codes, labels, splits, *, strategy: str, run: int, validation: bool = False,
                  packed: bool = False, nbits: int | None = None, chunk_rows: int = DEFAULT_CHUNK_ROWS,
                  query_chunk_rows: int = DEFAULT_QUERY_CHUNK_ROWS, overwrite: bool = False) -> str:
@@ -386,7 +399,6 @@ def ingest_split(out, codes, labels, splits, *, strategy: str, run: int, validat
     """
     import zarr
 
-    from hashdist.dataset import chunk_digest, combine_digests
     from hashdist.splits import check_drawn_from, read_split
 
     _check_paths(codes=codes, labels=labels)
@@ -404,9 +416,7 @@ def ingest_split(out, codes, labels, splits, *, strategy: str, run: int, validat
     check_drawn_from(splits, all_labels, str(labels))
     if len(roles[query_role]) == 0 or len(roles[db_role]) == 0:
         raise InputError(f"--strategy {strategy} --run {run}: the {query_role} or {db_role} set of {splits} is empty")
-    record = {"splits": str(splits), "strategy": strategy, "run": int(run), "queries": query_role,
-              "database": db_role, "seed": attrs["seed"],
-              "indices_sha256": combine_digests((chunk_digest(roles[query_role]), chunk_digest(roles[db_role])))}
+    record = split_record(splits, strategy, run, validation, roles)
     n_labels = all_labels.shape[1] if kind == "multilabel" else 0
     with DatasetWriter(out, nbits=width, relevance=(kind,), n_labels=n_labels, chunk_rows=chunk_rows,
                        query_chunk_rows=query_chunk_rows, overwrite=overwrite, extra_attrs={"split": record}) as writer:

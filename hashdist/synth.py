@@ -438,6 +438,7 @@ def digits_dataset(
         raise InputError(f"--nbits {nbits} exceeds the {d} digit features ({method} needs nbits <= {d})")
     rng = np.random.default_rng(seed)
     params = dict(kind="digits", source="sklearn.datasets.load_digits", method=method, nbits=nbits, seed=seed)
+    extra = {}  # a split run's record
     if splits is None:
         n_queries = _int_opt(n_queries, "--n-queries", 1, n - 1)
         perm = rng.permutation(n)
@@ -445,7 +446,7 @@ def digits_dataset(
         ti = di
         params.update(n_queries=n_queries, n_database=len(di), trained_on="database")
     else:
-        from hashdist.ingest import split_roles
+        from hashdist.ingest import split_record, split_roles
         from hashdist.splits import check_drawn_from, read_split
 
         roles = read_split(splits, strategy, run)
@@ -456,15 +457,14 @@ def digits_dataset(
         qi, di, ti = roles[query_role], roles[db_role], roles["training"]
         if not len(qi) or not len(di) or not len(ti):
             raise InputError(f"{splits}: run {run} has an empty {query_role}, {db_role} or training set")
-        params.update(n_queries=len(qi), n_database=len(di), trained_on="training",
-                      split={"splits": str(splits), "strategy": strategy, "run": int(run), "queries": query_role,
-                             "database": db_role})
+        params.update(n_queries=len(qi), n_database=len(di), trained_on="training")
+        extra["split"] = split_record(splits, strategy, run, validation, roles)  # as ingest --splits records it
     mean, w = _digits_hashing(method, nbits, x[ti], rng)
     params["centring"] = f"{params['trained_on']} mean"
     if method == "itq":
         params["itq_iterations"] = ITQ_ITERATIONS
     with DatasetWriter(out, nbits=nbits, relevance=("class",), overwrite=overwrite,
-                       extra_attrs={"synth": params}) as writer:
+                       extra_attrs={"synth": params, **extra}) as writer:
         writer.add_codes("database", pack_bits(((x[di] - mean) @ w > 0).astype(np.uint8)))
         writer.add_labels("database", y[di].astype(np.int64))
         writer.add_codes("queries", pack_bits(((x[qi] - mean) @ w > 0).astype(np.uint8)))

@@ -82,6 +82,9 @@ def test_digits_hashed_per_run_on_its_training_set(tmp_path):
     labels = np.load(tmp_path / "digits" / "labels.npy")
     np.testing.assert_array_equal(ds.labels("queries", 0, ds.n_queries), labels[roles["test_queries"]])
     assert dict(ds.attrs())["synth"]["trained_on"] == "training"
+    record = dict(ds.attrs())["split"]  # recorded as ingest --splits records it
+    assert (record["strategy"], record["run"], record["queries"], record["database"], record["seed"]) == (
+        "standard", 0, "test_queries", "database", 0) and len(record["indices_sha256"]) == 64
     other = open_dataset(tmp_path / "itq1.zarr")
     assert other.fingerprint != ds.fingerprint  # another run: other queries, other model
 

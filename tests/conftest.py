@@ -36,6 +36,36 @@ def write_inputs(directory, *, n_db=3000, n_q=70, nbits=12, kind="class", seed=0
     return paths
 
 
+@pytest.fixture
+def files(tmp_path):
+    """Small class-labelled inputs (.npy files) for ingest: 200 database items, 10 queries, 8 bits."""
+    return write_inputs(tmp_path, n_db=200, n_q=10, nbits=8)
+
+
+def ingest_argv(files, out, **override):
+    """`hashdist ingest` of ``files`` into ``out``; ``override`` replaces options (None drops one)."""
+    args = {"--db-codes": files["db"], "--query-codes": files["q"], "--db-labels": files["dbl"],
+            "--query-labels": files["ql"], **override}
+    return [str(a) for a in ["ingest", "--out", out, *[x for k, v in args.items() if v is not None for x in (k, v)]]]
+
+
+def assert_refused(capsys, argv, needle, not_created=None) -> str:
+    """The CLI exits with status 2 and one line containing ``needle`` (returned), no traceback; ``not_created``
+    is not written, not even as a staged temporary sibling."""
+    from hashdist.cli import main
+
+    capsys.readouterr()
+    status = main([str(a) for a in argv])
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert status == 2 and len(lines) == 1 and "Traceback" not in err, err
+    assert needle in lines[0], lines[0]
+    if not_created is not None:
+        assert not not_created.exists()
+        assert not list(not_created.parent.glob(f".{not_created.name}.tmp-*"))
+    return lines[0]
+
+
 def make_dataset(directory, name="data.zarr", chunk_rows=500, query_chunk_rows=16, **kw):
     from hashdist.ingest import ingest
 

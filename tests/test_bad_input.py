@@ -9,39 +9,13 @@ import numpy as np
 import pytest
 
 from hashdist.cli import main
-from tests.conftest import lock_held_elsewhere, write_inputs
+from tests.conftest import assert_refused, ingest_argv, lock_held_elsewhere
 
 
 def run_cli(capsys, *argv):
     status = main([str(a) for a in argv])
     err = capsys.readouterr().err
     return status, err
-
-
-def assert_refused(capsys, args, needle, not_created=None):
-    status, err = run_cli(capsys, *args)
-    assert status == 2, err
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert len(lines) == 1 and "Traceback" not in err, err
-    assert needle in lines[0], lines[0]
-    if not_created is not None:
-        assert not not_created.exists()
-        assert not list(not_created.parent.glob(f".{not_created.name}.tmp-*"))
-
-
-@pytest.fixture
-def files(tmp_path):
-    return write_inputs(tmp_path, n_db=200, n_q=10, nbits=8)
-
-
-def _ingest(files, out, **override):
-    args = {"--db-codes": files["db"], "--query-codes": files["q"], "--db-labels": files["dbl"],
-            "--query-labels": files["ql"], **override}
-    argv = ["ingest", "--out", out]
-    for k, v in args.items():
-        if v is not None:
-            argv += [k, v]
-    return [str(a) for a in argv]
 
 
 @pytest.mark.parametrize(
@@ -59,13 +33,13 @@ def test_ingest_bad_query_codes(tmp_path, capsys, files, case, make, needle):
     bad = tmp_path / "bad.npy"
     np.save(bad, make(None))
     out = tmp_path / "out.zarr"
-    assert_refused(capsys, _ingest(files, out, **{"--query-codes": bad}), needle, out)
+    assert_refused(capsys, ingest_argv(files, out, **{"--query-codes": bad}), needle, out)
 
 
 def test_ingest_label_count_mismatch(tmp_path, capsys, files):
     np.save(tmp_path / "short.npy", np.zeros(5, np.int64))
     out = tmp_path / "out.zarr"
-    assert_refused(capsys, _ingest(files, out, **{"--db-labels": tmp_path / "short.npy"}), "5 labels but 200 codes",
+    assert_refused(capsys, ingest_argv(files, out, **{"--db-labels": tmp_path / "short.npy"}), "5 labels but 200 codes",
                    out)
 
 
@@ -73,24 +47,24 @@ def test_ingest_refuses_pickles(tmp_path, capsys, files):
     obj = np.empty(10, dtype=object)
     np.save(tmp_path / "obj.npy", obj, allow_pickle=True)
     out = tmp_path / "out.zarr"
-    assert_refused(capsys, _ingest(files, out, **{"--db-labels": tmp_path / "obj.npy"}), "pickle", out)
+    assert_refused(capsys, ingest_argv(files, out, **{"--db-labels": tmp_path / "obj.npy"}), "pickle", out)
     (tmp_path / "evil.npy").write_bytes(pickle.dumps({"x": 1}))
-    assert_refused(capsys, _ingest(files, out, **{"--db-codes": tmp_path / "evil.npy"}), "evil.npy", out)
+    assert_refused(capsys, ingest_argv(files, out, **{"--db-codes": tmp_path / "evil.npy"}), "evil.npy", out)
 
 
 def test_ingest_missing_file_and_existing_output(tmp_path, capsys, files):
     out = tmp_path / "out.zarr"
-    assert_refused(capsys, _ingest(files, out, **{"--db-codes": tmp_path / "nope.npy"}), "no such file", out)
-    assert main(_ingest(files, out)) == 0
+    assert_refused(capsys, ingest_argv(files, out, **{"--db-codes": tmp_path / "nope.npy"}), "no such file", out)
+    assert main(ingest_argv(files, out)) == 0
     before = sorted(p.name for p in out.rglob("*"))
-    assert_refused(capsys, _ingest(files, out), "exists")
+    assert_refused(capsys, ingest_argv(files, out), "exists")
     assert sorted(p.name for p in out.rglob("*")) == before
 
 
 def test_ingest_bad_explicit_ground_truth(tmp_path, capsys, files):
     np.savez(tmp_path / "rel.npz", indptr=np.array([0, 3, 2] + [3] * 8), indices=np.array([1, 2, 3]))
     out = tmp_path / "out.zarr"
-    args = _ingest(files, out,
+    args = ingest_argv(files, out,
                    **{"--db-labels": None, "--query-labels": None, "--query-relevant": tmp_path / "rel.npz"})
     assert_refused(capsys, args, "not monotone", out)
     np.savez(tmp_path / "rel.npz", indptr=np.array([0, 1] + [1] * 9), indices=np.array([500]))
@@ -100,7 +74,7 @@ def test_ingest_bad_explicit_ground_truth(tmp_path, capsys, files):
 @pytest.fixture
 def dataset(tmp_path, files):
     out = tmp_path / "data.zarr"
-    assert main(_ingest(files, out)) == 0
+    assert main(ingest_argv(files, out)) == 0
     return out
 
 
@@ -239,7 +213,7 @@ def test_concurrent_run_into_the_same_output_is_refused(tmp_path, capsys, datase
         assert_refused(capsys, ["evaluate", dataset, "--out", out, "--engine", "local"], "another hashdist run", out)
         target = tmp_path / "other.zarr"
         with lock_held_elsewhere(target):
-            assert_refused(capsys, _ingest(files, target), "another hashdist run", target)
+            assert_refused(capsys, ingest_argv(files, target), "another hashdist run", target)
     status, _ = run_cli(capsys, "evaluate", dataset, "--out", out, "--engine", "local")
     assert status == 0 and (out / "report.json").is_file()
 
@@ -313,5 +287,5 @@ def test_an_output_that_overlaps_an_input_is_refused_even_with_overwrite(tmp_pat
     assert_refused(capsys, ["compare", "--method", f"a={dataset}", "--method", f"b={dataset}", "--out", dataset,
                             *local], "is the input")
     assert hashdist.open_dataset(dataset).fingerprint == before
-    assert_refused(capsys, [*_ingest(files, tmp_path), "--overwrite"], f"--out {tmp_path}: holds the input")
+    assert_refused(capsys, [*ingest_argv(files, tmp_path), "--overwrite"], f"--out {tmp_path}: holds the input")
     assert all(Path(path).is_file() for path in files.values())

@@ -6,49 +6,26 @@ import pytest
 import hashdist
 from hashdist.bits import check_code_convention
 from hashdist.cli import main
-from tests.conftest import write_inputs
-
-
-def refused(capsys, argv, needle, out=None):
-    """The command exits with status 2 and one line containing ``needle``; ``out`` is not written."""
-    capsys.readouterr()
-    status = main([str(a) for a in argv])
-    err = capsys.readouterr().err
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert status == 2 and len(lines) == 1 and "Traceback" not in err, err
-    assert needle in lines[0], lines[0]
-    if out is not None:
-        assert not out.exists() and not list(out.parent.glob(f".{out.name}.tmp-*"))
-    return lines[0]
-
-
-@pytest.fixture
-def files(tmp_path):
-    return write_inputs(tmp_path, n_db=200, n_q=10, nbits=8)
-
-
-def ingest_argv(files, out, **override):
-    args = {"--db-codes": files["db"], "--query-codes": files["q"], "--db-labels": files["dbl"],
-            "--query-labels": files["ql"], **override}
-    return [str(a) for a in ["ingest", "--out", out, *[x for k, v in args.items() if v is not None for x in (k, v)]]]
+from tests.conftest import assert_refused, ingest_argv
 
 
 def test_text_file_and_pickled_array_are_named_for_what_they_are(tmp_path, capsys, files):
     out = tmp_path / "out.zarr"
     (tmp_path / "text.npy").write_text("1 2 3\n4 5 6\n")
-    line = refused(capsys, ingest_argv(files, out, **{"--db-codes": tmp_path / "text.npy"}), "not a .npy/.npz file",
-                   out)
+    line = assert_refused(capsys, ingest_argv(files, out, **{"--db-codes": tmp_path / "text.npy"}),
+                          "not a .npy/.npz file", out)
     assert "contains a pickled" not in line
     np.save(tmp_path / "obj.npy", np.array([{"a": 1}, None], dtype=object), allow_pickle=True)
-    line = refused(capsys, ingest_argv(files, out, **{"--db-labels": tmp_path / "obj.npy"}), "pickled object array",
-                   out)
+    line = assert_refused(capsys, ingest_argv(files, out, **{"--db-labels": tmp_path / "obj.npy"}),
+                          "pickled object array", out)
     assert "memory-mapped" not in line
 
 
 def test_convention_error_reports_the_values_found(tmp_path, capsys, files):
     np.save(tmp_path / "neg.npy", np.array([[-1, 0, 0, -1, 0, 0, -1, 0]] * 10, np.int8))
     out = tmp_path / "out.zarr"
-    line = refused(capsys, ingest_argv(files, out, **{"--query-codes": tmp_path / "neg.npy"}), "found -1 and 0", out)
+    line = assert_refused(capsys, ingest_argv(files, out, **{"--query-codes": tmp_path / "neg.npy"}), "found -1 and 0",
+                          out)
     assert "and 1" not in line
     with pytest.raises(hashdist.InputError, match=r"found -1, 0 and 1\)"):
         check_code_convention({-1, 0, 1}, "x")
@@ -74,14 +51,14 @@ def test_corrupt_chunk_is_the_one_named(tmp_path, capsys, files):
     (data / "database" / "codes" / "c" / "3" / "0").write_bytes(b"garbage, not a zstd chunk" * 10)
     out = tmp_path / "report"
     for extra in ([], ["--db-block-rows", "100"]):
-        refused(capsys, ["evaluate", data, "--engine", "local", "--no-cache", "--out", out, *extra],
-                "database/codes rows 150..200 (chunk 3)", out)
+        assert_refused(capsys, ["evaluate", data, "--engine", "local", "--no-cache", "--out", out, *extra],
+                       "database/codes rows 150..200 (chunk 3)", out)
 
 
 def test_ingest_without_relevance_information_is_refused(tmp_path, capsys, files):
     out = tmp_path / "out.zarr"
-    refused(capsys, ingest_argv(files, out, **{"--db-labels": None, "--query-labels": None}),
-            "no relevance information", out)
+    assert_refused(capsys, ingest_argv(files, out, **{"--db-labels": None, "--query-labels": None}),
+                   "no relevance information", out)
     df, qf = tmp_path / "df.npy", tmp_path / "qf.npy"
     np.save(df, np.ones((200, 3), np.float32))
     np.save(qf, np.ones((10, 3), np.float32))
@@ -91,7 +68,7 @@ def test_ingest_without_relevance_information_is_refused(tmp_path, capsys, files
 
 def test_nbits_must_match_unpacked_codes(tmp_path, capsys, files):
     out = tmp_path / "out.zarr"
-    refused(capsys, ingest_argv(files, out, **{"--nbits": 5}), "--nbits 5", out)
+    assert_refused(capsys, ingest_argv(files, out, **{"--nbits": 5}), "--nbits 5", out)
     assert main(ingest_argv(files, out, **{"--nbits": 8})) == 0
     assert hashdist.open_dataset(out).nbits == 8
 
@@ -103,9 +80,9 @@ def test_append_refuses_what_it_would_ignore(tmp_path, capsys, files):
     assert main(ingest_argv(files, out)) == 0
     before = hashdist.open_dataset(out).fingerprint
     append = ["ingest", "--append", "--out", out, "--db-codes", files["db"], "--db-labels", files["dbl"]]
-    refused(capsys, [*append, "--nbits", "16"], f"--nbits 16: {out} has 8-bit codes")
-    refused(capsys, [*append, "--query-codes", files["q"]], "--query-codes: not with --append")
-    refused(capsys, [*append, "--relevance", "class"], "--relevance: not with --append")
+    assert_refused(capsys, [*append, "--nbits", "16"], f"--nbits 16: {out} has 8-bit codes")
+    assert_refused(capsys, [*append, "--query-codes", files["q"]], "--query-codes: not with --append")
+    assert_refused(capsys, [*append, "--relevance", "class"], "--relevance: not with --append")
     assert hashdist.open_dataset(out).fingerprint == before
     assert main([str(a) for a in [*append, "--nbits", "8"]]) == 0
 
@@ -113,12 +90,12 @@ def test_append_refuses_what_it_would_ignore(tmp_path, capsys, files):
 @pytest.mark.parametrize("extra", [["--strategy", "improved"], ["--run", "0"], ["--validation"]])
 def test_split_options_without_splits(tmp_path, capsys, files, extra):
     out = tmp_path / "out.zarr"
-    refused(capsys, [*ingest_argv(files, out), *extra], f"{extra[0]} goes with --splits", out)
+    assert_refused(capsys, [*ingest_argv(files, out), *extra], f"{extra[0]} goes with --splits", out)
 
 
 def test_packed_nbits_out_of_range(tmp_path, capsys, files):
     out = tmp_path / "out.zarr"
     packed = tmp_path / "packed.npy"
     np.save(packed, np.zeros((200, 1), np.uint8))
-    refused(capsys, [*ingest_argv(files, out, **{"--db-codes": packed, "--query-codes": packed}), "--packed",
-                     "--nbits", "0"], "--nbits 0: must be an integer in 1..4096", out)
+    assert_refused(capsys, [*ingest_argv(files, out, **{"--db-codes": packed, "--query-codes": packed}), "--packed",
+                            "--nbits", "0"], "--nbits 0: must be an integer in 1..4096", out)

@@ -124,10 +124,18 @@ def loopback_cluster():
     """`dask scheduler` and two `dask worker` processes on 127.0.0.1, reaching the test Prefect API."""
     from prefect.settings import PREFECT_API_URL
 
+    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "PREFECT_LOGGING_LEVEL": "WARNING"}
+    with loopback_dask(env) as cluster:
+        yield cluster
+
+
+@contextlib.contextmanager
+def loopback_dask(env: dict):
+    """(address, processes) of a `dask scheduler` and two `dask worker` processes on 127.0.0.1 started with
+    ``env`` (the Prefect API their task runs report to); all stopped at the end."""
     from flows.runtime import LOOPBACK_DASK_ARGS
 
     port = free_port()
-    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "PREFECT_LOGGING_LEVEL": "WARNING"}
     address = f"tcp://127.0.0.1:{port}"
     procs = [subprocess.Popen([str(BIN / "dask"), "scheduler", *LOOPBACK_DASK_ARGS, "--port", str(port)], env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]

@@ -3,9 +3,9 @@
 #   deploy/local-cluster.sh 2 8786        # 2 workers, scheduler on tcp://127.0.0.1:8786
 #   hashdist evaluate data.zarr --out report --address tcp://127.0.0.1:8786
 # Ctrl-C (or killing this script) stops all of them. Everything binds to loopback only.
-# Process workers run Prefect tasks and need a Prefect API: start `prefect server start --host 127.0.0.1`
-# and export PREFECT_API_URL=http://127.0.0.1:4200/api before running this script, or each worker
-# starts its own temporary API (about 10 s each).
+# Task runs on these workers report to the Prefect API of the run that submitted them: the CLI's temporary
+# server, which ends with the command (the workers may then log failed attempts to send it their last events
+# and logs; harmless), or the server PREFECT_API_URL names, which keeps those records.
 set -euo pipefail
 workers=${1:-2}
 port=${2:-8786}

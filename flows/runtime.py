@@ -88,22 +88,27 @@ def worker_timeout() -> float:
     return timeout
 
 
-def check_scheduler(address: str) -> None:
-    """Refuse, in one line, a tcp:// or tls:// scheduler address where nothing listens (distributed would retry
-    for 30 s and fail with a traceback)."""
+def check_scheduler(address: str, source: str = "--address") -> None:
+    """Refuse, in one line, a scheduler address of a scheme Dask does not know or that cannot reach another
+    process (inproc://), and a tcp:// or tls:// one where nothing listens (distributed would retry for 30 s and
+    fail with a traceback); ``source`` names where the address came from."""
     from distributed.comm import parse_address, parse_host_port
+    from distributed.comm.registry import get_backend
 
     try:
         protocol, location = parse_address(address)
+        get_backend(protocol)
+        if protocol == "inproc":
+            raise ValueError("inproc:// reaches only a scheduler in this process")
         if protocol not in ("tcp", "tls"):
             return
         host, port = parse_host_port(location)
     except ValueError as exc:
-        raise InputError(f"Dask scheduler address {address!r} is malformed ({exc})") from None
+        raise InputError(f"{source}: Dask scheduler address {address!r} is malformed ({exc})") from None
     try:
         socket.create_connection((host, port), timeout=10).close()
     except OSError as exc:
-        raise InputError(f"no Dask scheduler answers at {address} ({exc.strerror or exc})") from None
+        raise InputError(f"{source}: no Dask scheduler answers at {address} ({exc.strerror or exc})") from None
 
 
 def check_cluster_class(name: str, source: str = "--cluster-class") -> None:
@@ -118,6 +123,17 @@ def check_cluster_class(name: str, source: str = "--cluster-class") -> None:
         raise InputError(f"{source} {name}: cannot import {module} ({exc})") from None
     if not callable(found):
         raise InputError(f"{source} {name}: {module} has no class {attribute}")
+
+
+def check_api(url: str) -> None:
+    """Refuse, in one line, a Prefect API URL where nothing answers (Prefect would fail the run with a long
+    traceback); any HTTP answer will do."""
+    import httpx
+
+    try:
+        httpx.get(f"{url.rstrip('/')}/health", timeout=10)
+    except httpx.HTTPError as exc:
+        raise InputError(f"PREFECT_API_URL {url}: no Prefect API answers ({type(exc).__name__}: {exc})") from None
 
 
 def environment_cluster_kwargs() -> dict | None:
@@ -149,13 +165,14 @@ def _sigint_kept():
 
 def _settle(address, cluster_class, cluster_kwargs, workers, threads) -> DaskTaskRunner:
     """The runner these arguments describe, unset ones taken from $HASHDIST_* now."""
+    address_source = "--address" if address else "$HASHDIST_DASK_ADDRESS"
     address = address or os.environ.get("HASHDIST_DASK_ADDRESS")
     arguments_class = cluster_class
     cluster_class = cluster_class or os.environ.get("HASHDIST_CLUSTER_CLASS")
     if cluster_kwargs is None:
         cluster_kwargs = environment_cluster_kwargs()
     if address:
-        check_scheduler(address)
+        check_scheduler(address, address_source)
         return DaskTaskRunner(address=address)
     if cluster_class:
         check_cluster_class(cluster_class, "--cluster-class" if arguments_class else "$HASHDIST_CLUSTER_CLASS")
@@ -202,6 +219,14 @@ class EnvironmentTaskRunner(DaskTaskRunner):
             settled = _settle(**self.arguments)
             self.address, self.cluster_class = settled.address, settled.cluster_class
             self.resolved_cluster_class, self.cluster_kwargs = settled.resolved_cluster_class, settled.cluster_kwargs
+            if not self.address:  # a cluster this run creates: its options are the user's (or a deployment's)
+                try:
+                    return super().client
+                except Exception as exc:
+                    cluster = self.cluster_class if isinstance(self.cluster_class, str) else "LocalCluster"
+                    raise InputError(f"the Dask cluster did not start ({cluster} with keyword arguments "
+                                     f"{json.dumps(self.cluster_kwargs, default=str)}): {type(exc).__name__}: "
+                                     f"{exc}") from None
         return super().client
 
 
@@ -225,6 +250,8 @@ class _DropBadInput(logging.Filter):
         if record.exc_info and isinstance(record.exc_info[1], InputError):
             return False
         message = record.getMessage()
+        if record.name.startswith("prefect.task_runner") and message.startswith("Failed to create"):
+            return False  # a cluster that did not start: EnvironmentTaskRunner.client reports it in one line
         # at exit, Prefect's event worker may still be sending a failed run's events to a busy server
         return self.STATE_MESSAGE not in message and not message.startswith("Still processing items")
 
@@ -256,8 +283,10 @@ def cli_run(debug: bool, server: TemporaryAPIServer | None = None, plots: bool =
     """
     environment_cluster_kwargs()
     with contextlib.ExitStack() as stack:
-        if server is not None and PREFECT_API_URL.value():
-            server.stop()
+        if PREFECT_API_URL.value():
+            if server is not None:
+                server.stop()
+            check_api(PREFECT_API_URL.value())
         elif server is not None:
             # for the rest of the process, as Prefect's own temporary server: every thread, and processes it starts
             os.environ["PREFECT_API_URL"] = server.api_url

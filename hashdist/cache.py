@@ -74,11 +74,17 @@ def resolve_cache(cache) -> BlockCache:
     if cache is False:
         return BlockCache(None)
     if cache is None or cache is True:
-        return BlockCache(default_cache_dir())
+        named = "$HASHDIST_CACHE" if os.environ.get("HASHDIST_CACHE") else "the per-user cache"
+        return BlockCache(_directory(default_cache_dir(), named))
     if not isinstance(cache, str | os.PathLike):
         raise InputError(f"cache must be None or True (the per-user cache), False (none) or a directory, "
                          f"got {type(cache).__name__} {cache!r}")
-    existing = next(p for p in (Path(cache).absolute(), *Path(cache).absolute().parents) if p.exists())
+    return BlockCache(_directory(cache, "--cache"))
+
+
+def _directory(path, named: str):
+    """``path``, unless it (or the nearest part of it that exists) is not a directory: an InputError naming it."""
+    existing = next(p for p in (Path(path).absolute(), *Path(path).absolute().parents) if p.exists())
     if not existing.is_dir():
-        raise InputError(f"--cache {cache}: {existing} is not a directory")
-    return BlockCache(cache)
+        raise InputError(f"{named} {path}: {existing} is not a directory")
+    return path

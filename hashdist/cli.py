@@ -269,11 +269,15 @@ def _add_execution_options(p):
     """Where blocks run (engine, cluster), how large they are, and the block cache."""
     p.add_argument("--engine", choices=["flow", "local"], default="flow",
                    help="flow: Prefect + Dask (default); local: threads in this process")
-    p.add_argument("--address", help="existing Dask scheduler, tcp://HOST:PORT")
-    p.add_argument("--cluster-class", help="per-run cluster class, e.g. dask_jobqueue.SLURMCluster")
-    p.add_argument("--cluster-kwargs", default="{}", help="JSON keyword arguments for --cluster-class")
-    p.add_argument("--workers", type=int, help="local cluster: worker count (default 1)")
-    p.add_argument("--threads", type=int, help="local cluster: threads per worker (default: all cores)")
+    p.add_argument("--address", help="existing Dask scheduler, tcp://HOST:PORT or tls://HOST:PORT (default "
+                   "$HASHDIST_DASK_ADDRESS)")
+    p.add_argument("--cluster-class", help="per-run cluster class, e.g. dask_jobqueue.SLURMCluster (default "
+                   "$HASHDIST_CLUSTER_CLASS)")
+    p.add_argument("--cluster-kwargs", default="{}", help="JSON keyword arguments for --cluster-class, or without it "
+                   "for the embedded LocalCluster (default $HASHDIST_CLUSTER_KWARGS)")
+    p.add_argument("--workers", type=int, help="embedded cluster: worker count (default 1)")
+    p.add_argument("--threads", type=int, help="embedded cluster (or --engine local): threads per worker (default: "
+                   "all cores)")
     p.add_argument("--query-block-rows", type=int, help="queries per block (rounded up to whole chunks)")
     p.add_argument("--db-block-rows", type=int,
                    help="database rows per block (rounded up to whole chunks; at most 2^31 - 1)")
@@ -302,6 +306,21 @@ def _check_execution(a) -> None:
         if getattr(a, "cluster_kwargs", "{}") != "{}":
             raise InputError("--cluster-kwargs: only with the flow engine (--engine local runs threads in this "
                              "process)")
+        return
+    # one cluster: an existing one (--address), a per-run one (--cluster-class, --cluster-kwargs) or the embedded
+    # one (--workers, --threads, and --cluster-kwargs for its LocalCluster); options of another are refused
+    given = {name for name in ("address", "cluster_class", "workers", "threads") if getattr(a, name, None) is not None}
+    kwargs = (_cluster_kwargs(a) if hasattr(a, "cluster_kwargs") else None) or {}
+    if kwargs:
+        given.add("cluster_kwargs")
+    for first, second in (("address", "cluster_class"), ("address", "cluster_kwargs"), ("address", "workers"),
+                          ("address", "threads"), ("cluster_class", "workers"), ("cluster_class", "threads")):
+        if {first, second} <= given:
+            raise InputError(f"--{first.replace('_', '-')} and --{second.replace('_', '-')}: options of two "
+                             "different clusters (an existing one, a per-run one, the embedded one); give one")
+    for option, key in (("workers", "n_workers"), ("threads", "threads_per_worker")):
+        if option in given and key in kwargs:
+            raise InputError(f"--{option} and --cluster-kwargs {key}: give one")
 
 
 def _cluster_kwargs(a) -> dict | None:

@@ -119,6 +119,14 @@ def test_evaluate_bad_execution_options(tmp_path, capsys, dataset, extra, needle
     assert not (tmp_path / "cache").exists()
 
 
+def test_a_cache_variable_naming_a_file_is_one_line(tmp_path, capsys, dataset, monkeypatch):
+    (tmp_path / "afile").write_text("not a cache")
+    monkeypatch.setenv("HASHDIST_CACHE", str(tmp_path / "afile"))
+    out = tmp_path / "report"
+    assert_refused(capsys, ["evaluate", dataset, "--out", out, "--engine", "local"],
+                   f"$HASHDIST_CACHE {tmp_path / 'afile'}: {tmp_path / 'afile'} is not a directory", out)
+
+
 def test_evaluate_missing_or_foreign_dataset(tmp_path, capsys):
     out = tmp_path / "report"
     assert_refused(capsys, ["evaluate", tmp_path / "missing.zarr", "--out", out], "no such dataset", out)
@@ -130,6 +138,8 @@ def test_evaluate_missing_or_foreign_dataset(tmp_path, capsys):
     ["evaluate", "{missing}", "--out", "{out}"],
     ["evaluate", "{dataset}", "--out", "{out}", "--k", "0"],
     ["evaluate", "{dataset}", "--out", "{out}", "--workers", "0"],
+    ["evaluate", "{dataset}", "--out", "{out}", "--address", "tcp://127.0.0.1:8786", "--workers", "2"],
+    ["evaluate", "{dataset}", "--out", "{out}", "--cluster-class", "distributed.LocalCluster", "--threads", "1"],
     ["compare", "--method", "a={dataset}", "--method", "b={missing}", "--out", "{out}"],
     ["groundtruth", "--method", "top_percent", "{dataset}"],  # a dataset without features
 ])

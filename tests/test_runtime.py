@@ -243,6 +243,9 @@ def test_malformed_cluster_variable_fails_the_run_not_the_import(tmp_path, cli_e
     ("HASHDIST_WORKER_TIMEOUT", "soon", "$HASHDIST_WORKER_TIMEOUT must be a positive number of seconds"),
     ("HASHDIST_CLUSTER_CLASS", "no_such_module.Cluster",
      "$HASHDIST_CLUSTER_CLASS no_such_module.Cluster: cannot import no_such_module"),
+    ("HASHDIST_DASK_ADDRESS", "foo://x", "$HASHDIST_DASK_ADDRESS: Dask scheduler address 'foo://x' is malformed"),
+    ("HASHDIST_CLUSTER_KWARGS", '{"n_workers": 1, "processes": false, "threads_per_worker": "x"}',
+     "the Dask cluster did not start (LocalCluster with keyword arguments"),
     ("HASHDIST_CLUSTER_CLASS", "distributed.NoSuchCluster",
      "$HASHDIST_CLUSTER_CLASS distributed.NoSuchCluster: distributed has no class NoSuchCluster"),
 ])
@@ -253,7 +256,7 @@ def test_an_unusable_cluster_setting_fails_the_run_in_one_line(tmp_path, cli_env
     from tests.conftest import free_port
 
     port = free_port()
-    env = {**cli_env, variable: value.format(port=port)}
+    env = {**cli_env, variable: value.replace("{port}", str(port))}
     if variable == "HASHDIST_WORKER_TIMEOUT":  # a per-run cluster that plans one worker
         env.update({"HASHDIST_CLUSTER_CLASS": "distributed.LocalCluster",
                     "HASHDIST_CLUSTER_KWARGS": '{"n_workers": 1, "processes": false, "dashboard_address": null}'})
@@ -261,7 +264,20 @@ def test_an_unusable_cluster_setting_fails_the_run_in_one_line(tmp_path, cli_env
     run = hashdist(env, "evaluate", class_dataset, "--out", out, "--quiet")
     assert run.returncode == 2, run.stderr
     lines = nonblank(run.stderr)
-    assert len(lines) == 1 and needle.format(port=port) in lines[0], run.stderr
+    assert len(lines) == 1 and needle.replace("{port}", str(port)) in lines[0], run.stderr
+    assert not out.exists()
+
+
+def test_an_unreachable_prefect_api_is_one_line(tmp_path, cli_env, class_dataset):
+    """PREFECT_API_URL naming a port where nothing listens: one line naming the variable, exit status 2."""
+    from tests.conftest import free_port
+
+    url = f"http://127.0.0.1:{free_port()}/api"
+    out = tmp_path / "report"
+    run = hashdist({**cli_env, "PREFECT_API_URL": url}, "evaluate", class_dataset, "--out", out, "--quiet")
+    assert run.returncode == 2, run.stderr
+    lines = nonblank(run.stderr)
+    assert len(lines) == 1 and f"PREFECT_API_URL {url}: no Prefect API answers" in lines[0], run.stderr
     assert not out.exists()
 
 

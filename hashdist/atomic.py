@@ -26,11 +26,11 @@ def check_apart(out, inputs, option: str = "--out") -> None:
     """Refuse an output that is one of the run's input paths, lies inside one or holds one: writing it (and
     with --overwrite, replacing it) would destroy what the run reads. Inputs that are None, URLs or not on
     disk (as ``<arrays>``) are skipped."""
-    target = Path(out).absolute().resolve()
+    target = Path(out).resolve()
     for source in inputs:
         if source is None or "://" in str(source) or not isinstance(source, str | os.PathLike):
             continue
-        path = Path(source).absolute().resolve()
+        path = Path(source).resolve()
         if not path.exists():
             continue
         if target == path or target in path.parents or path in target.parents:

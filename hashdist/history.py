@@ -303,9 +303,10 @@ def load_history(history_dir, *, arrays: bool = True) -> list[dict]:
                 raise ValueError("no run entry")
             if arrays:
                 for key in ARRAYS:
-                    if (chunk := missing_chunk(group[key])) is not None:
+                    array = group[key]
+                    if (chunk := missing_chunk(array)) is not None:
                         raise InputError(f"{path}: run {name}: {key} chunk {chunk} is missing (damaged history)")
-                    entry[key] = np.asarray(group[key][:])
+                    entry[key] = np.asarray(array[:])
         except InputError:
             raise
         except Exception as exc:

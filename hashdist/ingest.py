@@ -230,11 +230,11 @@ def ingest(
     overwrite: bool = False,
 ) -> str:
     """Write a dataset from code (and label / ground-truth / feature) files; returns its path."""
-    _check_paths(db_codes=db_codes, query_codes=query_codes, db_labels=db_labels, query_labels=query_labels,
-                 query_relevant=query_relevant, db_features=db_features, query_features=query_features,
-                 query_scores=query_scores)
-    check_apart(out, (db_codes, query_codes, db_labels, query_labels, query_relevant, db_features, query_features,
-                      query_scores))
+    inputs = dict(db_codes=db_codes, query_codes=query_codes, db_labels=db_labels, query_labels=query_labels,
+                  query_relevant=query_relevant, db_features=db_features, query_features=query_features,
+                  query_scores=query_scores)
+    _check_paths(**inputs)
+    check_apart(out, inputs.values())
     if chunk_rows < 1 or query_chunk_rows < 1:
         raise InputError("--chunk-rows must be a positive integer")
     db, qs = load_array(db_codes), load_array(query_codes)
@@ -374,16 +374,15 @@ def split_roles(strategy: str, validation: bool) -> tuple[str, str]:
     return "test_queries", "database" if strategy == "standard" else "test_database"
 
 
-def split_record(splits, strategy: str, run: int, validation: bool, roles: dict) -> dict:
-    """A split run's dataset's ``split`` attribute: the store, strategy, run, its two roles, the store's seed and
-    the digest of the two index arrays (``roles``: :func:`hashdist.splits.read_split`'s)."""
-    import zarr
-
+def split_record(splits, attrs: dict, strategy: str, run: int, validation: bool, roles: dict) -> dict:
+    """A split run's dataset's ``split`` attribute: the store, strategy, run, its two roles, the store's seed
+    (from its attributes ``attrs``) and the digest of the two index arrays (``roles``: from
+    :func:`hashdist.splits.read_split`)."""
     from hashdist.dataset import chunk_digest, combine_digests
 
     query_role, db_role = split_roles(strategy, validation)
     return {"splits": str(splits), "strategy": strategy, "run": int(run), "queries": query_role,
-            "database": db_role, "seed": dict(zarr.open_group(str(splits), mode="r").attrs)["seed"],
+            "database": db_role, "seed": attrs["seed"],
             "indices_sha256": combine_digests((chunk_digest(roles[query_role]), chunk_digest(roles[db_role])))}
 
 
@@ -397,14 +396,12 @@ def ingest_split(out, codes, labels, splits, *, strategy: str, run: int, validat
     straight from the memory-mapped pooled files, chunk by chunk. The dataset records the split in its
     ``split`` attribute (store, strategy, run, roles, seed and the digest of the two index arrays).
     """
-    import zarr
-
-    from hashdist.splits import check_drawn_from, read_split
+    from hashdist.splits import check_drawn_from, read_split, store_attrs
 
     _check_paths(codes=codes, labels=labels)
     check_apart(out, (codes, labels, splits))
     roles = read_split(splits, strategy, run)  # validates the store, the strategy and the run index
-    attrs = dict(zarr.open_group(str(splits), mode="r").attrs)
+    attrs = store_attrs(splits)
     query_role, db_role = split_roles(strategy, validation)
     all_codes, all_labels = load_array(codes), load_array(labels)
     n_items = attrs["n_items"]
@@ -413,10 +410,10 @@ def ingest_split(out, codes, labels, splits, *, strategy: str, run: int, validat
             raise InputError(f"{path}: {arr.shape[0]} rows but the splits in {splits} cover {n_items} items")
     width = _code_width(all_codes, codes, packed, nbits)
     kind = _label_kind(all_labels, labels)
-    check_drawn_from(splits, all_labels, str(labels))
+    check_drawn_from(splits, attrs, all_labels, str(labels))
     if len(roles[query_role]) == 0 or len(roles[db_role]) == 0:
         raise InputError(f"--strategy {strategy} --run {run}: the {query_role} or {db_role} set of {splits} is empty")
-    record = split_record(splits, strategy, run, validation, roles)
+    record = split_record(splits, attrs, strategy, run, validation, roles)
     n_labels = all_labels.shape[1] if kind == "multilabel" else 0
     with DatasetWriter(out, nbits=width, relevance=(kind,), n_labels=n_labels, chunk_rows=chunk_rows,
                        query_chunk_rows=query_chunk_rows, overwrite=overwrite, extra_attrs={"split": record}) as writer:

@@ -199,11 +199,10 @@ def _groups_digest(groups: np.ndarray) -> str:
     return hashlib.sha256(np.ascontiguousarray(groups, dtype=np.int64).tobytes()).hexdigest()
 
 
-def check_drawn_from(path, labels, name: str = "--labels") -> None:
-    """Refuse labels whose classes are not those the store at ``path`` was drawn from (stores that record
-    them: written by :func:`split` from labels): another file, or the right one permuted, would silently
-    give sets that are neither balanced nor the recorded ones."""
-    attrs = dict(_open(path).attrs)
+def check_drawn_from(path, attrs: dict, labels, name: str = "--labels") -> None:
+    """Refuse labels whose classes are not those the store at ``path`` (attributes ``attrs``) was drawn from,
+    where it records them (written by :func:`split` from labels): another file, or the right one permuted,
+    would silently give sets that are neither balanced nor the recorded ones."""
     expected = attrs.get("groups_sha256")
     if expected is None:
         return
@@ -323,6 +322,11 @@ def _open(path) -> zarr.Group:
         raise InputError(f"{path}: splits format version {attrs.get('format_version')} is not supported "
                          f"(expected {FORMAT_VERSION})")
     return group
+
+
+def store_attrs(path) -> dict:
+    """The attributes of the splits store at ``path`` (format and version checked)."""
+    return dict(_open(path).attrs)
 
 
 def read_split(path, strategy: str, run: int) -> dict:

@@ -447,18 +447,18 @@ def digits_dataset(
         params.update(n_queries=n_queries, n_database=len(di), trained_on="database")
     else:
         from hashdist.ingest import split_record, split_roles
-        from hashdist.splits import check_drawn_from, read_split
+        from hashdist.splits import check_drawn_from, read_split, store_attrs
 
-        roles = read_split(splits, strategy, run)
+        roles, attrs = read_split(splits, strategy, run), store_attrs(splits)
         if max(int(v.max(initial=-1)) for v in roles.values()) >= n:
             raise InputError(f"{splits}: its indices exceed the {n} digits (split it from the digits' labels)")
-        check_drawn_from(splits, y, f"{splits}: the digits' labels")
+        check_drawn_from(splits, attrs, y, f"{splits}: the digits' labels")
         query_role, db_role = split_roles(strategy, validation)
         qi, di, ti = roles[query_role], roles[db_role], roles["training"]
         if not len(qi) or not len(di) or not len(ti):
             raise InputError(f"{splits}: run {run} has an empty {query_role}, {db_role} or training set")
         params.update(n_queries=len(qi), n_database=len(di), trained_on="training")
-        extra["split"] = split_record(splits, strategy, run, validation, roles)  # as ingest --splits records it
+        extra["split"] = split_record(splits, attrs, strategy, run, validation, roles)  # as ingest --splits records it
     mean, w = _digits_hashing(method, nbits, x[ti], rng)
     params["centring"] = f"{params['trained_on']} mean"
     if method == "itq":

@@ -220,14 +220,44 @@ class EnvironmentTaskRunner(DaskTaskRunner):
             self.address, self.cluster_class = settled.address, settled.cluster_class
             self.resolved_cluster_class, self.cluster_kwargs = settled.resolved_cluster_class, settled.cluster_kwargs
             if not self.address:  # a cluster this run creates: its options are the user's (or a deployment's)
-                try:
-                    return super().client
-                except Exception as exc:
-                    cluster = self.cluster_class if isinstance(self.cluster_class, str) else "LocalCluster"
-                    raise InputError(f"the Dask cluster did not start ({cluster} with keyword arguments "
-                                     f"{json.dumps(self.cluster_kwargs, default=str)}): {type(exc).__name__}: "
-                                     f"{exc}") from None
+                return self._started_cluster_client()
         return super().client
+
+    def _started_cluster_client(self):
+        """The client of the cluster this run creates; one line naming its options and the first error if it
+        does not start. A worker process that fails to start has the error logged in the worker and by its
+        nanny here, then the cluster raises only that the nanny failed: the nanny's record names the cause."""
+        shown = dict(self.cluster_kwargs)
+        if not CLUSTER_LOGS_SHOWN and self.cluster_class in (None, "distributed.LocalCluster", "LocalCluster"):
+            # the command line's one-line errors: no Dask log lines, in this process or the workers'
+            self.cluster_kwargs = {"silence_logs": logging.CRITICAL, **self.cluster_kwargs}
+        errors = _ErrorsHeld()
+        nanny = logging.getLogger("distributed.nanny")
+        nanny.addFilter(errors)
+        try:
+            return super().client
+        except Exception as exc:
+            cause = errors.first or exc
+            cluster = self.cluster_class if isinstance(self.cluster_class, str) else "LocalCluster"
+            raise InputError(f"the Dask cluster did not start ({cluster} with keyword arguments "
+                             f"{json.dumps(shown, default=str)}): {type(cause).__name__}: {cause}") from None
+        finally:
+            nanny.removeFilter(errors)
+
+
+# whether a cluster the flow creates prints Dask's log lines: the command line turns them off unless --debug
+CLUSTER_LOGS_SHOWN = True
+
+
+class _ErrorsHeld(logging.Filter):
+    """Keeps the first exception logged by a Dask logger (the record still goes to its handlers)."""
+
+    first: BaseException | None = None
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if self.first is None and record.exc_info and record.exc_info[1] is not None:
+            self.first = record.exc_info[1]
+        return True
 
 
 def task_runner(address=None, cluster_class=None, cluster_kwargs=None, workers=None, threads=None) -> DaskTaskRunner:
@@ -296,6 +326,8 @@ def cli_run(debug: bool, server: TemporaryAPIServer | None = None, plots: bool =
             stack.enter_context(temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}))
             threading.Thread(target=_load_while_waiting, args=(plots,), name="hashdist-preload", daemon=True).start()
         if not debug:
+            global CLUSTER_LOGS_SHOWN
+            CLUSTER_LOGS_SHOWN = False
             # Prefect's logging, set up once: importing prefect.main sets it up, as the flow module's `from prefect
             # import flow` would anyway (Prefect's ensure_logging_setup() first would make that a second set-up: the
             # logging configuration's template filled from every setting again, 0.06 s)

@@ -727,15 +727,18 @@ COMMANDS = {"ingest": (_add_ingest, _run_ingest), "synth": (_add_synth, _run_syn
 CHECKS = {"evaluate": _check_evaluate, "compare": _check_compare, "groundtruth": _check_groundtruth}
 
 
+DEBUG_HELP = "show tracebacks, and the log lines of a Dask cluster the run starts"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="hashdist", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for name, (add, _) in COMMANDS.items():
         add(sub)
         # after the command too (hashdist evaluate ... --debug); unset there, the value before it stands
         sub.choices[name].add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
-                                       help="show tracebacks")
+                                       help=DEBUG_HELP)
     return parser
 
 

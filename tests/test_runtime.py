@@ -246,6 +246,9 @@ def test_malformed_cluster_variable_fails_the_run_not_the_import(tmp_path, cli_e
     ("HASHDIST_DASK_ADDRESS", "foo://x", "$HASHDIST_DASK_ADDRESS: Dask scheduler address 'foo://x' is malformed"),
     ("HASHDIST_CLUSTER_KWARGS", '{"n_workers": 1, "processes": false, "threads_per_worker": "x"}',
      "the Dask cluster did not start (LocalCluster with keyword arguments"),
+    # a worker process that fails: the worker and its nanny log the error; the line names it
+    ("HASHDIST_CLUSTER_KWARGS", '{"n_workers": 1, "processes": true, "threads_per_worker": "x"}',
+     "): TypeError: '<=' not supported between instances of 'str' and 'int'"),
     ("HASHDIST_CLUSTER_CLASS", "distributed.NoSuchCluster",
      "$HASHDIST_CLUSTER_CLASS distributed.NoSuchCluster: distributed has no class NoSuchCluster"),
 ])

@@ -68,8 +68,10 @@ class DistanceAxis:
         return self.radius_bins[float(radius)]
 
     def summary(self) -> dict:
+        """The report's account of the distance; ``upper_edges``: each bin's upper edge, the distance at which
+        per_query.zarr's columns over bins (tp_at_radius, retrieved_at_radius) are counted."""
         return {"kind": self.kind, "bins": self.bins, "bins_used": self.n_bins, "edges_rule": self.rule,
-                "exact": self.exact}
+                "exact": self.exact, "upper_edges": self.upper.tolist()}
 
 
 def check_weights(weights, nbits: int, n_queries: int, name: str = "--bit-weights") -> np.ndarray:

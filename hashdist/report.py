@@ -185,14 +185,17 @@ def plots(report: dict, per_query: dict, bucket_sizes: np.ndarray) -> dict[str, 
 
     tp, size = per_query["tp_at_radius"][evaluated], per_query["retrieved_at_radius"][evaluated]
     R = per_query["relevant"][evaluated]
-    radii = np.arange(tp.shape[1])
+    # the columns' radii: 0..B, or a binned distance's upper bin edges
+    radii = np.asarray(report.get("distance", {}).get("upper_edges", np.arange(tp.shape[1])), dtype=float)
     with np.errstate(invalid="ignore", divide="ignore"):
         p_r = np.where(size > 0, tp / np.maximum(size, 1), 0.0).mean(axis=0) if len(tp) else radii * 0.0
         r_r = (tp / np.maximum(R, 1)[:, None]).mean(axis=0) if len(tp) else radii * 0.0
     fig, ax = plt.subplots(figsize=(5, 4))
     ax.plot(radii, p_r, label="P@r (macro)")
     ax.plot(radii, r_r, label="R@r (macro)")
-    ax.set(xlabel="Hamming radius r", ylabel="value", title="precision and recall against radius", ylim=(0, 1.02))
+    distance, _ = distance_words(report)
+    ax.set(xlabel="Hamming radius r" if distance == "Hamming distance" else f"radius r ({distance})", ylabel="value",
+           title="precision and recall against radius", ylim=(0, 1.02))
     ax.legend()
     figs["radius"] = fig
 

@@ -97,6 +97,21 @@ def _check_certified(per_query, dist, grades, rng, radii=RADII):
     assert checked > 100
 
 
+def _check_bin_columns(per_query, report, dist, grades):
+    """The report's upper bin edges are the distances of per_query's columns over bins: column j counts the
+    items within upper_edges[j] (up to the bins' fixed-point rounding)."""
+    edges = np.array(report["distance"]["upper_edges"])
+    assert len(edges) == report["distance"]["bins_used"] == per_query["retrieved_at_radius"].shape[1]
+    assert (np.diff(edges) >= 0).all()  # a radius on an equal bin's edge makes a bin of its own
+    tol = 1e-9 * (np.abs(dist).max() + 1)
+    for q in range(dist.shape[0]):
+        for column, counted in ((per_query["retrieved_at_radius"][q], np.ones_like(grades[q], dtype=bool)),
+                                (per_query["tp_at_radius"][q], grades[q] >= 1)):
+            surely = ((dist[q][None, :] <= edges[:, None] - tol) & counted).sum(axis=1)
+            maybe = ((dist[q][None, :] <= edges[:, None] + tol) & counted).sum(axis=1)
+            assert ((surely <= column) & (column <= maybe)).all(), q
+
+
 def _ingest(tmp_path, db_bits, db_labels, q_bits, q_labels, scores=None, name="ds.zarr"):
     paths = {}
     for key, arr in dict(dc=db_bits, qc=q_bits, dl=db_labels, ql=q_labels, ys=scores).items():
@@ -116,6 +131,7 @@ def test_weighted_hamming_certified_interval(tmp_path, kind, per_query):
     ev = evaluate_local(path, cache=False, bit_weights=w, distance_bins=64, k=KS, radius=RADII)
     dist = ((qb[:, None, :] != db[None, :, :]) * np.atleast_2d(w)[:, None, :]).sum(axis=2)
     _check_certified(ev.per_query, dist, _grades(kind, ql, dl), rng)
+    _check_bin_columns(ev.per_query, ev.report, dist, _grades(kind, ql, dl))
     d = ev.report["distance"]
     assert d["kind"] == "weighted" and d["bins"] == 64 and not d["exact"]
     assert d["map_interval_width"] == ev.report["metrics"]["map"]["best"] - ev.report["metrics"]["map"]["worst"]
@@ -130,6 +146,7 @@ def test_asymmetric_certified_interval(tmp_path, kind):
     ev = evaluate_local(path, cache=False, distance="asymmetric", distance_bins=128, k=KS, radius=radii)
     dist = -(y.astype(np.float64) @ (2.0 * db - 1).T)
     _check_certified(ev.per_query, dist, _grades(kind, ql, dl), rng, radii)
+    _check_bin_columns(ev.per_query, ev.report, dist, _grades(kind, ql, dl))
     # the arrays API gives the same report
     codes = hashdist.evaluate_codes(qb, db, ql, dl, query_scores=y, distance_bins=128, k=KS, radius=radii)
     assert json.dumps(codes["metrics"], sort_keys=True) == json.dumps(ev.report["metrics"], sort_keys=True)

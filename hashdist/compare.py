@@ -245,10 +245,9 @@ def _over_runs(runs: list[dict], r: int) -> dict[str, dict]:
     """{label: {values, mean, sd, ci}} over the runs: headline measures (expected), then mAP worst and best."""
     per_run = []
     for run in runs:
-        rows = headline_rows(run["metrics"], r)
         mp = run["metrics"]["map"]
-        per_run.append({rows[0][0]: rows[0][1]["expected"], "mAP worst": mp["worst"], "mAP best": mp["best"],
-                        **{label: v["expected"] for label, v in rows[1:]}})
+        per_run.append({"mAP": mp["expected"], "mAP worst": mp["worst"], "mAP best": mp["best"],
+                        **{label: v["expected"] for label, v in headline_rows(run["metrics"], r, exclude=("map",))}})
     out = {}
     for label in per_run[0]:
         values = [v[label] for v in per_run]
@@ -275,7 +274,7 @@ def build_comparison(methods, datasets, evaluations, *, k, radius, permutations=
                         for path, ds, ev, v in zip(m.runs, dss, evs, per_query[m.name], strict=True)]
         occupancy[m.name] = [ev.bucket_sizes for ev in evs]
     names = [m.name for m in methods]
-    parameters = {"k": list(k), "radius": list(radius), "lgap_radius": r, "micro_f_radius": r,
+    parameters = {"k": list(k), "radius": list(radius), "lgap_radius": r,
                   "permutations": permutations, "bootstrap": bootstrap, "seed": seed,
                   "relevance": datasets[0][0].default_relevance}
     if n_runs == 1:

@@ -104,7 +104,8 @@ def leaderboard_rows(comparison: dict) -> tuple[list[str], list[list[str]]]:
     r = comparison["parameters"]["lgap_radius"]
     tied = {n for pair in comparison["map_order_depends_on_ties"] for n in pair.split("|")}
     first = comparison["methods"][comparison["ranking"][0]]
-    labels = [label for label, _ in headline_rows(runs_of(first)[0]["metrics"], r)][1:]  # mAP has its own columns
+    # mAP has columns of its own
+    labels = [label for label, _ in headline_rows(runs_of(first)[0]["metrics"], r, exclude=("map",))]
     repeated = n_runs(comparison) > 1
     header = ["method", "bits", *(["mAP mean \u00b1 sd"] if repeated else []), "mAP [worst, best]", "mAP 95% CI",
               *labels]
@@ -119,7 +120,7 @@ def leaderboard_rows(comparison: dict) -> tuple[list[str], list[list[str]]]:
             row += [_mean_sd(o[label]) for label in labels]
         else:
             row += [f"{fmt(expected)} [{fmt(worst)}, {fmt(best)}]", _ci(m["map_ci"])]
-            row += [fmt(values["expected"]) for _, values in headline_rows(m["metrics"], r)[1:]]
+            row += [fmt(values["expected"]) for _, values in headline_rows(m["metrics"], r, exclude=("map",))]
         rows.append(row)
     return header, rows
 

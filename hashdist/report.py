@@ -89,19 +89,41 @@ def _in_distance(text: str, report: dict) -> str:
     return text if name == "Hamming distance" else text.replace("Hamming", name.removesuffix(" distance"), 1)
 
 
+# where the report shows each measure of the registry: a row of the ranking table (order-dependent ones, over
+# every value but the grid of cut-offs N), a row of the order-free table, a row per radius or hashtable setting,
+# or only a figure of plots()
+PLOTTED = ("precision_at_n", "recall_at_n", "pr_curve", "pr_curve_by_rank")
+
+
+def _ranked(measure) -> bool:
+    return bool(measure.policies) and measure.parameter != "cutoff"
+
+
+def _order_free(measure) -> bool:
+    return not measure.policies and measure.parameter is None and not measure.curve
+
+
+def _unshown(measures=MEASURES) -> list[str]:
+    """Keys of measures no table or figure shows: a measure added to the registry needs a place here."""
+    return [x.key for x in measures if not (x.key in PLOTTED or _ranked(x) or _order_free(x)
+                                             or x.parameter in ("radius", "hashtable"))]
+
+
 def tables(report: dict) -> list[tuple[str, list[str], list[list[str]]]]:
     """(caption, header, rows) of every tabulated measure of the registry, in registry order."""
+    if _unshown():
+        raise RuntimeError(f"hashdist.report shows no table or figure of the measures {_unshown()}")
     m = report["metrics"]
     name, ties = distance_words(report)
     ranked = [[measure.label_for(value, variant), *(fmt(v[p]) for p in POLICIES)]
-              for measure in MEASURES if measure.policies and measure.parameter != "cutoff"  # plotted: P@N, R@N
+              for measure in MEASURES if _ranked(measure)
               for value in (m[measure.key] if measure.parameter else [None])
               for variant in measure.variants or (None,)
               for v in [lookup(m, measure, value, variant)]]
     order_free = [[measure.label_for(), fmt(m[measure.key])] for measure in MEASURES
-                  if not measure.policies and not measure.parameter and not measure.fields and not measure.curve]
+                  if _order_free(measure) and not measure.fields]
     order_free += [[f"{measure.label_for()} ({field})", fmt(m[measure.key][field])] for measure in MEASURES
-                   if not measure.parameter and measure.fields for field in measure.fields]
+                   if _order_free(measure) for field in measure.fields]
     out = [(f"Ranking by {name}; {ties}: expected over all orders, best and worst order", ["metric", *POLICIES],
             ranked),
            ("Independent of tie order", ["metric", "value"], order_free)]

@@ -63,6 +63,18 @@ def test_every_registered_measure_is_in_the_report_and_per_query(multilabel_data
                         assert ev.per_query[per_query_key(measure, value, variant, policy)].shape == (70,)
 
 
+def test_every_registered_measure_has_a_place_in_the_report():
+    """A measure the report has no table or figure for (a per-K value without tie policies, say) is refused
+    when a report is rendered, not dropped from its tables."""
+    from hashdist.metrics.registry import Measure
+    from hashdist.report import _unshown
+
+    assert _unshown() == []
+    hit_rate = Measure(key="hit_rate_at_k", label="hit@{}", description="a query with a relevant item in its top K",
+                       parameter="k")
+    assert _unshown([*MEASURES, hit_rate]) == ["hit_rate_at_k"]
+
+
 @pytest.mark.parametrize(("parts", "code_parts", "threads"), [(1, 1, 1), (3, 2, 1), (7, 5, 1), (4, 9, 2)])
 def test_partials_merge_in_any_order_gives_identical_results(class_dataset, parts, code_parts, threads):
     """The one reduction: any share of the blocks, merged in any order, with the distinct codes in any

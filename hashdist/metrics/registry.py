@@ -8,8 +8,11 @@ from the histogram (then the report holds its mean over the evaluated queries),
 or from counts summed over the evaluated queries (micro measures), or from the
 aggregated values of measures declared before it (the PR curve by rank). The
 summary, the terminal and HTML tables, the comparison, Prefect artifacts and
-per-query storage all read this table, so adding a metric means adding one
-:class:`Measure` and its function.
+per-query storage all read this table. Adding a metric means one :class:`Measure` and
+its function here; its definition in docs/metrics.md and its key in the README's
+report keys; an independent reference in tests/reference.py that
+tests/test_metrics_reference.py compares it with; and, for a measure no table of
+hashdist.report shows (a per-K value without tie policies, a curve), a place there.
 
 Report layout: ``metrics[key][str(parameter value)][variant][policy]``, each level
 present only when the measure has it (``metrics.map.expected``,
@@ -167,13 +170,13 @@ FIELD_LABELS = {"precision": "P", "recall": "R", "f_beta": "F-beta", "step": "st
                 "expected": "expected"}
 
 
-def headline_rows(metrics: dict, radius=None) -> list[tuple[str, dict]]:
-    """(label, {expected, best, worst}) for the headline measures of a report's metrics; a measure without
-    tie policies repeats its value (its first field for a dict). Radius measures at ``radius``, default the
-    largest reported."""
+def headline_rows(metrics: dict, radius=None, exclude: tuple[str, ...] = ()) -> list[tuple[str, dict]]:
+    """(label, {expected, best, worst}) for the headline measures of a report's metrics, but those whose key is
+    in ``exclude``; a measure without tie policies repeats its value (its first field for a dict). Radius
+    measures at ``radius``, default the largest reported."""
     rows = []
     for m in MEASURES:
-        if not m.headline:
+        if not m.headline or m.key in exclude:
             continue
         values = list(metrics[m.key]) if m.parameter else [None]
         if m.parameter == "radius":

@@ -61,6 +61,9 @@ class MetricParams:
                                            or self.max_grade < 1):
             raise InputError(f"--max-grade must be a positive integer, got {self.max_grade}")
         for name in self.conventions:
+            if name == "hashdist":
+                raise InputError("--convention 'hashdist': hashdist's own convention is always reported (map_at_k, "
+                                 f"with every normaliser); the others: {', '.join(BY_NAME)}")
             if name not in BY_NAME:
                 raise InputError(f"--convention {name!r}: unknown convention (known: {', '.join(BY_NAME)})")
 

@@ -1,4 +1,4 @@
-"""What the flows share: Prefect defaults and task options, the Dask task runner, the progress bar, CLI plumbing."""
+"""What the flows share: Prefect defaults and task options, the Dask task runner, CLI plumbing."""
 
 from __future__ import annotations
 

@@ -382,8 +382,8 @@ def _add_evaluate(sub):
     _add_execution_options(p)
     p.add_argument("--code-parts", type=int, metavar="P",
                    help="split the database's distinct codes (for mLGAP and code usage) into P parts by hash, each "
-                   "merged and searched on its own (default: one per 4M items, and at least one per cluster thread "
-                   "with the flow); results never depend on P, memory per part does")
+                   "merged and searched on its own (default: one per 4M items, and at least one per thread); "
+                   "results never depend on P, memory per part does")
     p.add_argument("--no-html", action="store_true", help="skip report.html")
     p.add_argument("--json", action="store_true", help="print report.json instead of the table")
     p.add_argument("--overwrite", action="store_true", help="replace DIR even if it is not a hashdist report")

@@ -70,7 +70,7 @@ from hashdist.compare_report import (
 from hashdist.dataset import Dataset, chunk_digest, combine_digests, open_dataset
 from hashdist.defaults import DEFAULT_K, DEFAULT_RADII
 from hashdist.errors import InputError
-from hashdist.metrics.registry import BY_KEY, headline_rows, per_query_key
+from hashdist.metrics.registry import AP_EXPECTED, BY_KEY, headline_rows, per_query_key
 from hashdist.stats import (
     bootstrap_ci,
     exact_randomization_pvalue,
@@ -87,7 +87,7 @@ _NAME = re.compile(r"^[A-Za-z0-9_.+-]+(@[A-Za-z0-9_.+-]+)?$")
 
 def _per_query_values(r: int) -> dict[str, str]:
     """The per-query values paired between methods: AP (expected) and LGAP at radius r."""
-    return {"ap": per_query_key(BY_KEY["map"], policy="expected"),
+    return {"ap": AP_EXPECTED,
             "lgap": per_query_key(BY_KEY["mlgap_at_radius"], r)}
 
 

@@ -1,9 +1,10 @@
 """Plan and run an evaluation as independent blocks: the work that flows distribute.
 
 A plan cuts queries x database into blocks aligned to the Zarr chunks. Each
-histogram block reads its own rows and returns ``H[q, d, g]`` for its queries;
-each database block also yields its distinct-code counts for mLGAP. Block
-results are cached under content keys. Per query block the partial histograms
+histogram block reads its own rows and returns ``H[q, d, g]`` for its queries.
+Histogram blocks are cached under content keys. The database's distinct codes (for
+mLGAP's ``M_k`` and code usage) are counted in passes of their own over its codes,
+split into parts by hash (:func:`count_codes`). Per query block the partial histograms
 are summed (exact integers), ``M_k`` is found from the merged code counts, and
 per-query metrics follow; the report's means come last. Nothing here needs
 Prefect or Dask: :func:`run_local` drives a plan with a thread pool (the kernels

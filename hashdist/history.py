@@ -65,13 +65,13 @@ import numpy as np
 
 from hashdist.atomic import exclusive, temporary_sibling
 from hashdist.errors import InputError
+from hashdist.metrics.registry import AP_EXPECTED, headline_rows
 
 FORMAT = "hashdist-history"
 FORMAT_VERSION = 1
 DEFAULT_ALPHA = 0.05
 DEFAULT_PERMUTATIONS = 10000
 DEFAULT_SEED = 0
-AP_KEY = "ap/expected"  # the per-query AP that compare.py pairs: per_query_key(BY_KEY["map"], policy="expected")
 ARRAYS = ("query", "ap", "relevant")
 _SETTINGS = ("distance", "distance_bins", "bit_weights")  # report parameters besides relevance that change AP
 
@@ -169,7 +169,6 @@ def make_entry(evaluation, when=None) -> tuple[dict, dict[str, np.ndarray]]:
     fingerprint is no longer the evaluated one (it changed since).
     """
     from hashdist.dataset import open_dataset
-    from hashdist.metrics.registry import headline_rows
 
     report = evaluation.report
     d = report["dataset"]
@@ -179,7 +178,7 @@ def make_entry(evaluation, when=None) -> tuple[dict, dict[str, np.ndarray]]:
                          f"{ds.fingerprint[:12]} now, {d['fingerprint'][:12]} in the report); not recorded")
     per_query = evaluation.per_query
     relevant = np.asarray(per_query["relevant"], np.int64)
-    ap = np.asarray(per_query[AP_KEY], np.float64)
+    ap = np.asarray(per_query[AP_EXPECTED], np.float64)
     evaluated = np.flatnonzero((relevant > 0) & np.isfinite(ap))
     moment = _utc(when)
     run_id = f"{moment:%Y%m%dT%H%M%S%fZ}-{uuid.uuid4().hex[:8]}"

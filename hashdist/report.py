@@ -19,7 +19,7 @@ from hashdist.atomic import check_apart, staged_directory
 from hashdist.codeusage import rank_size_steps
 from hashdist.errors import InputError
 from hashdist.metrics.conventions import BY_NAME
-from hashdist.metrics.registry import FIELD_LABELS, MEASURES, POLICIES, lookup
+from hashdist.metrics.registry import AP_EXPECTED, FIELD_LABELS, MEASURES, POLICIES, lookup
 from hashdist.render import fmt, html_definitions, html_figure, html_table, log_count_axes, page, png, text_table
 
 __all__ = ["format_table", "render_html", "tables", "write_outputs"]
@@ -239,7 +239,7 @@ def plots(report: dict, per_query: dict, bucket_sizes: np.ndarray) -> dict[str, 
     figs["pr_curve_by_rank"] = fig
 
     fig, ax = plt.subplots(figsize=(5, 4))
-    ap = per_query["ap/expected"][evaluated]
+    ap = per_query[AP_EXPECTED][evaluated]
     counts, edges = np.histogram(ap[~np.isnan(ap)], bins=40, range=(0, 1))
     ax.stairs(counts, edges, fill=True)  # one artist, where ax.hist draws a patch per bar (0.06 s more)
     ax.set(xlabel="AP (expected over tie orders)", ylabel="queries", title="AP distribution")

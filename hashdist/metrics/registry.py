@@ -166,6 +166,8 @@ MEASURES: tuple[Measure, ...] = (
 )
 
 BY_KEY = {m.key: m for m in MEASURES}
+# each query's AP over the full ranking, expected over tie orders: what comparisons and histories pair
+AP_EXPECTED = per_query_key(BY_KEY["map"], policy="expected")
 FIELD_LABELS = {"precision": "P", "recall": "R", "f_beta": "F-beta", "step": "step", "trapezoid": "trapezoid",
                 "expected": "expected"}
 

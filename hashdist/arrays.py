@@ -21,7 +21,14 @@ import uuid
 
 import numpy as np
 
-from hashdist.bits import check_code_convention, code_values, numpy_packed_to_words, pack_bits
+from hashdist.bits import (
+    check_code_convention,
+    code_values,
+    label_kind,
+    numpy_packed_to_words,
+    pack_bits,
+    pack_label_block,
+)
 from hashdist.dataset import DEFAULT_CHUNK_ROWS, DEFAULT_QUERY_CHUNK_ROWS, MAX_NBITS, DatasetWriter
 from hashdist.distance import check_scores
 from hashdist.errors import InputError
@@ -110,10 +117,7 @@ class Evaluator:
             if arr.dtype != np.uint8 or arr.shape[1] != -(-self.nbits // 8):
                 raise InputError(f"{name}: packed codes must be uint8 rows of {-(-self.nbits // 8)} bytes for "
                                  f"nbits={self.nbits}, got {arr.dtype} {arr.shape}")
-            words = numpy_packed_to_words(arr, self.nbits)
-            if self.nbits % 64 and (words[:, -1] >> np.uint64(self.nbits % 64)).any():
-                raise InputError(f"{name}: packed codes have bits set beyond nbits={self.nbits}")
-            return words, self.nbits, set()
+            return numpy_packed_to_words(arr, self.nbits, name, "nbits="), self.nbits, set()
         if arr.shape[1] > MAX_NBITS:
             raise InputError(f"{name}: {arr.shape[1]} bits per code exceeds the maximum {MAX_NBITS}")
         if self.nbits is not None and arr.shape[1] != self.nbits:
@@ -219,17 +223,8 @@ class Evaluator:
 def _pack_labels(arr: np.ndarray, name: str, rows: int) -> tuple[np.ndarray, str, int]:
     if arr.shape[0] != rows:
         raise InputError(f"{name}: {arr.shape[0]} labels but {rows} codes")
-    if arr.ndim == 1:
-        if arr.dtype.kind not in "iu":
-            raise InputError(f"{name}: class labels must be integers, got {arr.dtype}")
-        return arr.astype(np.int64), "class", 0
-    if arr.ndim != 2 or arr.shape[1] == 0 or arr.dtype.kind not in "biuf":
-        raise InputError(f"{name}: labels must be 1-D integers or a 2-D 0/1 matrix, got {arr.dtype} {arr.shape}")
-    if arr.dtype.kind == "f" and np.isnan(arr).any():
-        raise InputError(f"{name}: multi-label matrix contains NaN")
-    if not np.isin(arr, (0, 1)).all():
-        raise InputError(f"{name}: multi-label matrix must contain only 0 and 1")
-    return pack_bits(arr.astype(np.uint8)), "multilabel", arr.shape[1]
+    kind = label_kind(arr, name)
+    return pack_label_block(arr, name, kind), kind, arr.shape[1] if kind == "multilabel" else 0
 
 
 def _relevant_csr(relevant, n_queries: int, n_database: int):

@@ -31,7 +31,7 @@ def pack_bits(bits: np.ndarray) -> np.ndarray:
     """Pack an (n, B) array whose entries are 1 for a set bit into (n, W) uint64 words.
 
     Any entry other than 1 counts as a cleared bit, so {0,1}, {-1,+1} and bool
-    arrays all pack the same way; validate values first with :func:`check_code_values`.
+    arrays all pack the same way; validate values first with :func:`check_code_convention`.
     """
     n, nbits = bits.shape
     padded = np.zeros((n, n_words(nbits) * 64), dtype=np.uint8)
@@ -46,10 +46,14 @@ def unpack_bits(words: np.ndarray, nbits: int) -> np.ndarray:
     return np.unpackbits(as_bytes, axis=1, bitorder="little")[:, :nbits]
 
 
-def numpy_packed_to_words(packed: np.ndarray, nbits: int) -> np.ndarray:
-    """Convert numpy ``packbits`` rows (big bit order, (n, ceil(B/8)) uint8) to words."""
-    bits = np.unpackbits(np.asarray(packed, dtype=np.uint8), axis=1, count=nbits)
-    return pack_bits(bits)
+def numpy_packed_to_words(packed: np.ndarray, nbits: int, what: str, option: str = "--nbits ") -> np.ndarray:
+    """Convert numpy ``packbits`` rows (big bit order, (n, ceil(B/8)) uint8) to words. ``packbits`` pads the
+    last byte with 0: a set padding bit means codes wider than ``nbits``, refused (InputError naming ``what``
+    and ``option``)."""
+    packed = np.asarray(packed, dtype=np.uint8)
+    if nbits % 8 and (packed[:, -1] & np.uint8((1 << (8 - nbits % 8)) - 1)).any():
+        raise InputError(f"{what}: packed codes have bits set beyond {option}{nbits}")
+    return pack_bits(np.unpackbits(packed, axis=1, count=nbits))
 
 
 def code_values(bits: np.ndarray, what: str) -> set:
@@ -77,6 +81,27 @@ def check_code_convention(values: set, what: str) -> None:
         raise InputError(f"{what}: codes mix the {{0,1}} and {{-1,+1}} conventions (found {found})")
 
 
-def pack_labels(multi_hot: np.ndarray) -> np.ndarray:
-    """Pack an (n, L) 0/1 multi-hot label matrix into (n, ceil(L/64)) uint64 words."""
-    return pack_bits(multi_hot)
+def label_kind(labels, name: str) -> str:
+    """``"class"`` for 1-D integer labels, ``"multilabel"`` for a 2-D numeric multi-hot matrix with columns
+    (its values are checked block by block, by :func:`pack_label_block`)."""
+    if labels.ndim == 1:
+        if labels.dtype.kind not in "iu":
+            raise InputError(f"{name}: class labels must be integers, got {labels.dtype}")
+        return "class"
+    if labels.ndim == 2:
+        if labels.dtype.kind not in "biuf" or labels.shape[1] == 0:
+            raise InputError(f"{name}: multi-label matrix must be numeric 0/1 with at least one column")
+        return "multilabel"
+    raise InputError(f"{name}: labels must be 1-D (classes) or 2-D (multi-hot), got shape {labels.shape}")
+
+
+def pack_label_block(block: np.ndarray, name: str, kind: str) -> np.ndarray:
+    """Labels as a dataset stores them: classes as int64; a 0/1 multi-hot matrix (checked: no NaN, only 0
+    and 1) packed into (n, ceil(L/64)) uint64 words."""
+    if kind == "class":
+        return block.astype(np.int64)
+    if block.dtype.kind == "f" and np.isnan(block).any():
+        raise InputError(f"{name}: multi-label matrix contains NaN")
+    if not np.isin(block, (0, 1)).all():
+        raise InputError(f"{name}: multi-label matrix must contain only 0 and 1")
+    return pack_bits(block.astype(np.uint8))

@@ -14,7 +14,14 @@ from pathlib import Path
 import numpy as np
 
 from hashdist.atomic import check_apart
-from hashdist.bits import check_code_convention, code_values, numpy_packed_to_words, pack_bits
+from hashdist.bits import (
+    check_code_convention,
+    code_values,
+    label_kind,
+    numpy_packed_to_words,
+    pack_bits,
+    pack_label_block,
+)
 from hashdist.dataset import DEFAULT_CHUNK_ROWS, DEFAULT_QUERY_CHUNK_ROWS, MAX_NBITS, DatasetWriter
 from hashdist.distance import check_scores
 from hashdist.errors import InputError
@@ -111,40 +118,16 @@ def _code_blocks(arr, path, packed, nbits, chunk_rows):
     for start in range(0, arr.shape[0], chunk_rows):
         block = np.asarray(arr[start : start + chunk_rows])
         if packed:
-            words = numpy_packed_to_words(block, nbits)
-            last = words[:, -1] if nbits % 64 else None
-            if last is not None and (last >> np.uint64(nbits % 64)).any():
-                raise InputError(f"{path}: packed codes have bits set beyond --nbits {nbits}")
-            yield words
+            yield numpy_packed_to_words(block, nbits, str(path))
         else:
             seen |= code_values(block, str(path))
             check_code_convention(seen, str(path))
             yield pack_bits(block)
 
 
-def _label_kind(arr, path) -> str:
-    if arr.ndim == 1:
-        if arr.dtype.kind not in "iu":
-            raise InputError(f"{path}: class labels must be integers, got {arr.dtype}")
-        return "class"
-    if arr.ndim == 2:
-        if arr.dtype.kind not in "biuf" or arr.shape[1] == 0:
-            raise InputError(f"{path}: multi-label matrix must be numeric 0/1 with at least one column")
-        return "multilabel"
-    raise InputError(f"{path}: labels must be 1-D (classes) or 2-D (multi-hot), got shape {arr.shape}")
-
-
 def _label_blocks(arr, path, kind, chunk_rows):
     for start in range(0, arr.shape[0], chunk_rows):
-        block = np.asarray(arr[start : start + chunk_rows])
-        if kind == "class":
-            yield block.astype(np.int64)
-        else:
-            if block.dtype.kind == "f" and np.isnan(block).any():
-                raise InputError(f"{path}: multi-label matrix contains NaN")
-            if not np.isin(block, (0, 1)).all():
-                raise InputError(f"{path}: multi-label matrix must contain only 0 and 1")
-            yield pack_bits(block.astype(np.uint8))
+        yield pack_label_block(np.asarray(arr[start : start + chunk_rows]), path, kind)
 
 
 def _check_features(arr, path, codes, codes_path) -> None:
@@ -248,8 +231,8 @@ def ingest(
         raise InputError("--db-labels and --query-labels must be given together")
     if db_labels is not None:
         dl, ql = load_array(db_labels), load_array(query_labels)
-        kind = _label_kind(dl, db_labels)
-        if _label_kind(ql, query_labels) != kind or dl.shape[1:] != ql.shape[1:]:
+        kind = label_kind(dl, db_labels)
+        if label_kind(ql, query_labels) != kind or dl.shape[1:] != ql.shape[1:]:
             raise InputError(f"{query_labels}: labels of shape {ql.shape} do not match {db_labels} of shape {dl.shape}")
         for arr, codes, path, codes_path in ((dl, db, db_labels, db_codes), (ql, qs, query_labels, query_codes)):
             if arr.shape[0] != codes.shape[0]:
@@ -313,7 +296,7 @@ def ingest(
 
 def _check_append_labels(arr, path, ds) -> str:
     """The kind of appended labels, refusing a kind or width that differs from the dataset's labels."""
-    kind = _label_kind(arr, path)
+    kind = label_kind(arr, path)
     if not ds.has("database/labels"):
         raise InputError(f"{path}: labels given but the dataset {ds.url} has no database labels")
     stored = "class" if ds.array("database/labels").ndim == 1 else "multilabel"
@@ -409,7 +392,7 @@ def ingest_split(out, codes, labels, splits, *, strategy: str, run: int, validat
         if arr.shape[0] != n_items:
             raise InputError(f"{path}: {arr.shape[0]} rows but the splits in {splits} cover {n_items} items")
     width = _code_width(all_codes, codes, packed, nbits)
-    kind = _label_kind(all_labels, labels)
+    kind = label_kind(all_labels, labels)
     check_drawn_from(splits, attrs, all_labels, str(labels))
     if len(roles[query_role]) == 0 or len(roles[db_role]) == 0:
         raise InputError(f"--strategy {strategy} --run {run}: the {query_role} or {db_role} set of {splits} is empty")

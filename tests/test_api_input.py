@@ -73,6 +73,8 @@ def test_one_value_is_a_one_element_list(data, one, listed):
     (lambda *a: Evaluator(nbits="x"), "nbits: expected an integer in 1..4096 or None, got 'x'"),
     (lambda *a: Evaluator(nbits=4097), "nbits: expected an integer in 1..4096 or None, got 4097"),
     (lambda *a: Evaluator().merge(5), "merge: expected an Evaluator, got int"),
+    (lambda *a: Evaluator(nbits=4).add_database(np.array([[0b10001000]], np.uint8)),
+     "db_codes: packed codes have bits set beyond nbits=4"),
     (lambda q, d, ql, dl: evaluate_codes(q, d, relevant=[[0.5]] + [[]] * 9),
      "relevant: query 0's list holds float64, not integer indices"),
 ])

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from hashdist.bits import pack_bits, pack_labels
+from hashdist.bits import pack_bits
 from hashdist.errors import InputError
 from hashdist.kernels.hashtable import hashtable_counts, parse_hashtable_spec
 from hashdist.metrics.radius import hashtable_metrics
@@ -46,7 +46,7 @@ def test_multilabel_counts_any_common_label():
     ql = (rng.random((9, 70)) < 0.05).astype(np.uint8)  # two label words
     dl = (rng.random((200, 70)) < 0.05).astype(np.uint8)
     tp, retrieved = hashtable_counts(
-        pack_bits(q), pack_bits(db), nbits, k_bits, n_tables, pack_labels(ql), pack_labels(dl), "multilabel"
+        pack_bits(q), pack_bits(db), nbits, k_bits, n_tables, pack_bits(ql), pack_bits(dl), "multilabel"
     )
     hit = _brute_retrieved(q, db, k_bits, n_tables)
     relevant = (ql.astype(int) @ dl.T.astype(int)) > 0

@@ -99,3 +99,19 @@ def test_packed_nbits_out_of_range(tmp_path, capsys, files):
     np.save(packed, np.zeros((200, 1), np.uint8))
     assert_refused(capsys, [*ingest_argv(files, out, **{"--db-codes": packed, "--query-codes": packed}), "--packed",
                             "--nbits", "0"], "--nbits 0: must be an integer in 1..4096", out)
+
+
+def test_packed_codes_wider_than_nbits(tmp_path, capsys, files):
+    """numpy packbits pads the last byte with 0: a set padding bit means codes wider than --nbits says, which
+    dropping the bit would evaluate as other codes."""
+    out = tmp_path / "out.zarr"
+    packed = tmp_path / "packed.npy"
+    rows = np.packbits(np.random.default_rng(0).integers(0, 2, (200, 12), dtype=np.uint8), axis=1)
+    np.save(packed, rows)
+    argv = [*ingest_argv(files, out, **{"--db-codes": packed, "--query-codes": packed, "--query-labels": files["dbl"]}),
+            "--packed", "--nbits"]
+    wide = tmp_path / "wide.npy"
+    np.save(wide, rows | np.array([0, 1], np.uint8))  # bit 15 of a 12-bit code
+    assert_refused(capsys, [*argv, "12", "--db-codes", wide], "packed codes have bits set beyond --nbits 12", out)
+    assert main([*argv, "12"]) == 0
+    assert_refused(capsys, [*argv, "11", "--overwrite"], "packed codes have bits set beyond --nbits 11")

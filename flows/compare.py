@@ -15,9 +15,9 @@ from prefect.artifacts import create_table_artifact
 
 from flows.evaluate import evaluate
 from flows.runtime import task_runner
-from hashdist.compare import DEFAULT_BOOTSTRAP, DEFAULT_PERMUTATIONS, build_comparison, validate
+from hashdist.compare import build_comparison, validate
 from hashdist.compare_report import leaderboard_rows, write_comparison
-from hashdist.defaults import DEFAULT_K, DEFAULT_RADII
+from hashdist.defaults import DEFAULT_BOOTSTRAP, DEFAULT_K, DEFAULT_PERMUTATIONS, DEFAULT_RADII
 
 
 @flow(name="compare", persist_result=False, log_prints=True)

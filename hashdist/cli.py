@@ -15,7 +15,19 @@ import json
 import os
 import sys
 
-from hashdist.defaults import DEFAULT_DISTANCE_BINS, DEFAULT_K, DEFAULT_RADII
+from hashdist.defaults import (
+    DEFAULT_ALPHA,
+    DEFAULT_CHUNK_ROWS,
+    DEFAULT_DB_BLOCK_ROWS,
+    DEFAULT_DISTANCE_BINS,
+    DEFAULT_K,
+    DEFAULT_PERMUTATIONS,
+    DEFAULT_QUERY_BLOCK_ROWS,
+    DEFAULT_QUERY_CHUNK_ROWS,
+    DEFAULT_RADII,
+    DEFAULT_SEED,
+    GROUNDTRUTH_QUERY_BLOCK_ROWS,
+)
 from hashdist.errors import InputError
 from hashdist.metrics.conventions import CONVENTIONS
 from hashdist.protocols import PROTOCOLS
@@ -85,8 +97,10 @@ def _add_ingest(sub):
     p.add_argument("--relevance", choices=["class", "multilabel", "explicit"], help="default relevance kind")
     p.add_argument("--packed", action="store_true", help="codes are numpy packbits uint8 rows")
     p.add_argument("--nbits", type=int, help="bits per code with --packed")
-    p.add_argument("--chunk-rows", type=int, default=65536, help="database rows per Zarr chunk (default 65536)")
-    p.add_argument("--query-chunk-rows", type=int, default=1024, help="query rows per Zarr chunk (default 1024)")
+    p.add_argument("--chunk-rows", type=int, default=DEFAULT_CHUNK_ROWS,
+                   help=f"database rows per Zarr chunk (default {DEFAULT_CHUNK_ROWS})")
+    p.add_argument("--query-chunk-rows", type=int, default=DEFAULT_QUERY_CHUNK_ROWS,
+                   help=f"query rows per Zarr chunk (default {DEFAULT_QUERY_CHUNK_ROWS})")
     p.add_argument("--append", action="store_true", help="append --db-codes (and --db-labels) to the dataset at --out")
     p.add_argument("--codes", metavar="ALL.npy", help="with --splits: the pooled codes of every item")
     p.add_argument("--labels", metavar="ALL_LABELS.npy", help="with --splits: the pooled labels of every item")
@@ -265,8 +279,9 @@ def _run_synth(a):
     return f"wrote {a.out}"
 
 
-def _add_execution_options(p):
-    """Where blocks run (engine, cluster), how large they are, and the block cache."""
+def _add_execution_options(p, query_block_rows: int):
+    """Where blocks run (engine, cluster), how large they are (``query_block_rows``: the command's default), and
+    the block cache."""
     p.add_argument("--engine", choices=["flow", "local"], default="flow",
                    help="flow: Prefect + Dask (default); local: threads in this process")
     p.add_argument("--address", help="existing Dask scheduler, tcp://HOST:PORT or tls://HOST:PORT (default "
@@ -278,9 +293,10 @@ def _add_execution_options(p):
     p.add_argument("--workers", type=int, help="embedded cluster: worker count (default 1)")
     p.add_argument("--threads", type=int, help="embedded cluster (or --engine local): threads per worker (default: "
                    "all cores)")
-    p.add_argument("--query-block-rows", type=int, help="queries per block (rounded up to whole chunks)")
-    p.add_argument("--db-block-rows", type=int,
-                   help="database rows per block (rounded up to whole chunks; at most 2^31 - 1)")
+    p.add_argument("--query-block-rows", type=int,
+                   help=f"queries per block (default {query_block_rows}; rounded up to whole chunks)")
+    p.add_argument("--db-block-rows", type=int, help=f"database rows per block (default {DEFAULT_DB_BLOCK_ROWS}; "
+                   "rounded up to whole chunks; at most 2^31 - 1)")
     p.add_argument("--cache", help="block result store (default: the per-user cache)")
     p.add_argument("--no-cache", action="store_true", help="compute every block, store nothing")
 
@@ -379,7 +395,7 @@ def _add_evaluate(sub):
     p.add_argument("--convention", action="append", default=[], choices=[c.name for c in CONVENTIONS],
                    metavar="NAME", help="also report mAP@K as a published script computes it (repeatable): "
                    + "; ".join(f"{c.name}: {c.reproduces}" for c in CONVENTIONS))
-    _add_execution_options(p)
+    _add_execution_options(p, DEFAULT_QUERY_BLOCK_ROWS)
     p.add_argument("--code-parts", type=int, metavar="P",
                    help="split the database's distinct codes (for mLGAP and code usage) into P parts by hash, each "
                    "merged and searched on its own (default: one per 4M items, and at least one per thread); "
@@ -391,7 +407,8 @@ def _add_evaluate(sub):
     p.add_argument("--history", metavar="HISTORY",
                    help="also append this run to the history store HISTORY (created if missing) and compare it with "
                    "the previous run on the queries both evaluated (paired sign-flip and t-tests); exit status 3 "
-                   "when mAP dropped significantly (randomisation p < 0.05 and a lower mean AP). See hashdist history")
+                   f"when mAP dropped significantly (randomisation p < {DEFAULT_ALPHA} and a lower mean AP). See "
+                   "hashdist history")
 
 
 def _run_evaluate(a):
@@ -517,8 +534,10 @@ def _add_compare(sub):
                    help=f"cut-offs K (default {' '.join(map(str, DEFAULT_K))})")
     p.add_argument("--radius", type=int, nargs="+", default=list(DEFAULT_RADII),
                    help="Hamming radii (default 0 1 2); LGAP and micro F are compared at the largest")
-    p.add_argument("--permutations", type=int, default=10000, help="sign-flip permutations per test (default 10000)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the randomisation tests and bootstrap (default 0)")
+    p.add_argument("--permutations", type=int, default=DEFAULT_PERMUTATIONS,
+                   help=f"sign-flip permutations per test (default {DEFAULT_PERMUTATIONS})")
+    p.add_argument("--seed", type=int, default=DEFAULT_SEED,
+                   help=f"seed of the randomisation tests and bootstrap (default {DEFAULT_SEED})")
     p.add_argument("--engine", choices=["flow", "local"], default="flow",
                    help="flow: Prefect + Dask (default); local: threads in this process")
     p.add_argument("--cache", help="block result store (default: the per-user cache)")
@@ -574,7 +593,7 @@ def _add_groundtruth(sub):
     p.add_argument("--seed", type=int, help="epsilon_ball: seed of the sample (default 0)")
     p.add_argument("--epsilon", type=float, help="epsilon_ball: use this radius instead of estimating it")
     p.add_argument("--percent", type=float, help="top_percent: percentage of the database (default 2)")
-    _add_execution_options(p)
+    _add_execution_options(p, GROUNDTRUTH_QUERY_BLOCK_ROWS)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
@@ -690,11 +709,13 @@ def _add_history(sub):
     p.add_argument("--out", metavar="PAGE.html", help="where to write the page (default HISTORY/history.html)")
     p.add_argument("--no-html", action="store_true", help="write no page")
     p.add_argument("--json", action="store_true", help="print the trend as JSON instead of the table")
-    p.add_argument("--alpha", type=float, default=0.05, help="significance level (default 0.05)")
+    p.add_argument("--alpha", type=float, default=DEFAULT_ALPHA, help=f"significance level (default {DEFAULT_ALPHA})")
     p.add_argument("--min-drop", type=float, default=0.0,
                    help="flag only drops of mean AP larger than this (default 0: any significant drop)")
-    p.add_argument("--permutations", type=int, default=10000, help="sign-flip patterns per test (default 10000)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the randomisation tests (default 0)")
+    p.add_argument("--permutations", type=int, default=DEFAULT_PERMUTATIONS,
+                   help=f"sign-flip patterns per test (default {DEFAULT_PERMUTATIONS})")
+    p.add_argument("--seed", type=int, default=DEFAULT_SEED,
+                   help=f"seed of the randomisation tests (default {DEFAULT_SEED})")
 
 
 def _run_history(a):

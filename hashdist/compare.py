@@ -68,7 +68,7 @@ from hashdist.compare_report import (
     write_comparison,
 )
 from hashdist.dataset import Dataset, chunk_digest, combine_digests, open_dataset
-from hashdist.defaults import DEFAULT_K, DEFAULT_RADII
+from hashdist.defaults import DEFAULT_BOOTSTRAP, DEFAULT_K, DEFAULT_PERMUTATIONS, DEFAULT_RADII, DEFAULT_SEED
 from hashdist.errors import InputError
 from hashdist.metrics.registry import AP_EXPECTED, BY_KEY, headline_rows, per_query_key
 from hashdist.stats import (
@@ -80,8 +80,6 @@ from hashdist.stats import (
     t_interval,
 )
 
-DEFAULT_PERMUTATIONS = 10000
-DEFAULT_BOOTSTRAP = 2000
 _NAME = re.compile(r"^[A-Za-z0-9_.+-]+(@[A-Za-z0-9_.+-]+)?$")
 
 
@@ -257,7 +255,7 @@ def _over_runs(runs: list[dict], r: int) -> dict[str, dict]:
 
 
 def build_comparison(methods, datasets, evaluations, *, k, radius, permutations=DEFAULT_PERMUTATIONS,
-                     bootstrap=DEFAULT_BOOTSTRAP, seed=0) -> tuple[dict, dict]:
+                     bootstrap=DEFAULT_BOOTSTRAP, seed=DEFAULT_SEED) -> tuple[dict, dict]:
     """(comparison document, {name: [bucket sizes of each run]} for the occupancy plot) from finished
     evaluations; ``datasets[i][t]`` and ``evaluations[i][t]`` are method i's run t."""
     r = max(radius)
@@ -320,7 +318,7 @@ def _ground_truth_digest(ds: Dataset) -> str:
 
 
 def compare(specs, *, evaluate=None, k=DEFAULT_K, radius=DEFAULT_RADII, permutations=DEFAULT_PERMUTATIONS,
-            bootstrap=DEFAULT_BOOTSTRAP, seed=0, cache=None, out=None, overwrite=False, tables=()) -> dict:
+            bootstrap=DEFAULT_BOOTSTRAP, seed=DEFAULT_SEED, cache=None, out=None, overwrite=False, tables=()) -> dict:
     """Evaluate every run of every ``NAME=DATASET[,DATASET...]`` and compare them; with ``out``, write
     comparison.json and .html there (and ``tables``: "latex", "markdown", the leaderboard as a table for a paper).
 

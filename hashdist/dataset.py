@@ -38,12 +38,11 @@ from zarr.codecs import Crc32cCodec, ZstdCodec
 
 from hashdist.atomic import exclusive, staged_directory
 from hashdist.bits import n_words
+from hashdist.defaults import DEFAULT_CHUNK_ROWS, DEFAULT_QUERY_CHUNK_ROWS
 from hashdist.errors import InputError
 
 FORMAT = "hashdist-dataset"
 FORMAT_VERSION = 1
-DEFAULT_CHUNK_ROWS = 65536
-DEFAULT_QUERY_CHUNK_ROWS = 1024
 CSR_CHUNK = 1 << 20
 MAX_NBITS = 4096
 

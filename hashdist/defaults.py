@@ -3,6 +3,13 @@
 DEFAULT_K = (10, 100, 1000)  # cut-offs K of the @K metrics
 DEFAULT_RADII = (0, 1, 2)  # Hamming radii of the radius metrics and mLGAP
 DEFAULT_BETA = 1.0  # F-beta's beta
-DEFAULT_QUERY_BLOCK_ROWS = 2048
+DEFAULT_QUERY_BLOCK_ROWS = 2048  # evaluate's blocks (queries x database rows)
 DEFAULT_DB_BLOCK_ROWS = 262144
+GROUNDTRUTH_QUERY_BLOCK_ROWS = 1024  # groundtruth's blocks (its distances are float: smaller)
+DEFAULT_CHUNK_ROWS = 65536  # Zarr chunks of a dataset's database rows...
+DEFAULT_QUERY_CHUNK_ROWS = 1024  # ...and of its query rows
 DEFAULT_DISTANCE_BINS = 4096  # bins of a real-valued ranking distance (weighted Hamming, asymmetric)
+DEFAULT_PERMUTATIONS = 10000  # sign-flip permutations of a randomisation test (compare, history)
+DEFAULT_BOOTSTRAP = 2000  # bootstrap resamples of a confidence interval (compare)
+DEFAULT_SEED = 0  # seed of the tests and the bootstrap
+DEFAULT_ALPHA = 0.05  # significance level of history's drop test

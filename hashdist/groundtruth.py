@@ -46,6 +46,7 @@ from threadpoolctl import threadpool_limits
 from hashdist.blocks import Block, block_rows, row_ranges
 from hashdist.cache import BlockCache, resolve_cache
 from hashdist.dataset import FEATURES, Dataset, chunk_digest, combine_digests, open_dataset, replace_relevant
+from hashdist.defaults import DEFAULT_DB_BLOCK_ROWS, GROUNDTRUTH_QUERY_BLOCK_ROWS
 from hashdist.errors import InputError
 from hashdist.progress import progress_bar
 
@@ -54,8 +55,6 @@ GROUNDTRUTH_VERSION = 1
 DEFAULT_NEIGHBORS = 50
 DEFAULT_SAMPLE = 100
 DEFAULT_PERCENT = 2.0
-DEFAULT_QUERY_BLOCK_ROWS = 1024
-DEFAULT_DB_BLOCK_ROWS = 262144
 TILE_ELEMENTS = 1 << 24  # approximate distances held at once by one block (64 MiB in float32)
 EPSILON_SLACK = 1e-9  # relative widening of epsilon^2 that covers float64 rounding of sqrt and squares
 
@@ -95,7 +94,7 @@ class Params:
     seed: int | None = None
     epsilon: float | None = None
     percent: float | None = None
-    query_block_rows: int = DEFAULT_QUERY_BLOCK_ROWS
+    query_block_rows: int = GROUNDTRUTH_QUERY_BLOCK_ROWS
     db_block_rows: int = DEFAULT_DB_BLOCK_ROWS
 
     def top_k(self, n_database: int) -> int:
@@ -132,7 +131,7 @@ def prepare(dataset, *, method: str, neighbors=None, sample=None, seed=None, eps
     if method not in METHODS:
         raise InputError(f"--method must be one of {', '.join(METHODS)}, got {method!r}")
     blocks = dict(
-        query_block_rows=block_rows(query_block_rows, ds.chunk_rows("queries"), DEFAULT_QUERY_BLOCK_ROWS,
+        query_block_rows=block_rows(query_block_rows, ds.chunk_rows("queries"), GROUNDTRUTH_QUERY_BLOCK_ROWS,
                                     "--query-block-rows", ds.n_queries),
         db_block_rows=block_rows(db_block_rows, ds.chunk_rows("database"), DEFAULT_DB_BLOCK_ROWS, "--db-block-rows",
                                  ds.n_database),

@@ -64,14 +64,12 @@ from pathlib import Path
 import numpy as np
 
 from hashdist.atomic import exclusive, temporary_sibling
+from hashdist.defaults import DEFAULT_ALPHA, DEFAULT_PERMUTATIONS, DEFAULT_SEED
 from hashdist.errors import InputError
 from hashdist.metrics.registry import AP_EXPECTED, headline_rows
 
 FORMAT = "hashdist-history"
 FORMAT_VERSION = 1
-DEFAULT_ALPHA = 0.05
-DEFAULT_PERMUTATIONS = 10000
-DEFAULT_SEED = 0
 ARRAYS = ("query", "ap", "relevant")
 _SETTINGS = ("distance", "distance_bins", "bit_weights")  # report parameters besides relevance that change AP
 

@@ -22,7 +22,8 @@ from hashdist.bits import (
     pack_bits,
     pack_label_block,
 )
-from hashdist.dataset import DEFAULT_CHUNK_ROWS, DEFAULT_QUERY_CHUNK_ROWS, MAX_NBITS, DatasetWriter
+from hashdist.dataset import MAX_NBITS, DatasetWriter
+from hashdist.defaults import DEFAULT_CHUNK_ROWS, DEFAULT_QUERY_CHUNK_ROWS
 from hashdist.distance import check_scores
 from hashdist.errors import InputError
 

@@ -98,7 +98,7 @@ class Evaluator:
         packed_labels, kind, columns = None, None, 0
         if labels is not None:
             packed_labels, kind, columns = _pack_labels(as_numpy(labels, labels_name), labels_name, len(words))
-        self._check_labels_agree(part, labels_name, kind, columns)
+        self._check_labels_agree(labels_name, kind, columns)
         side = self._parts[part]
         check_code_convention(side.values | values, codes_name)
         # every check passed: only now does the state change
@@ -127,13 +127,13 @@ class Evaluator:
         check_code_convention(values, name)
         return pack_bits(arr), arr.shape[1], values
 
-    def _check_labels_agree(self, part: str, name: str, kind: str | None, columns: int) -> None:
+    def _check_labels_agree(self, name: str, kind: str | None, columns: int) -> None:
         """Labels must be given for every batch or none, of one kind and width on both sides."""
         sides = [p for p in self._parts.values() if p.rows]
         if not sides:
             return
         have = next((p for p in sides if p.label_kind), None)
-        if (have is None) != (kind is None) and (have is not None or any(p.rows for p in sides)):
+        if (have is None) != (kind is None):
             if have is None:
                 raise InputError(f"{name}: labels given, but earlier batches have none")
             raise InputError(f"{name}: labels missing, but earlier batches have {have.label_kind} labels")

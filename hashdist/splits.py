@@ -251,13 +251,21 @@ def split(out, labels=None, n_items=None, *, strategies=STRATEGIES, runs: int = 
 
 def write_splits(out, splits: dict, *, n_items: int, label_kind: str = "none", seed: int = 0,
                  overwrite: bool = False) -> dict:
-    """Write a :func:`make_splits` result (with the N, label kind and seed it was drawn with) to ``out``;
-    returns the store's attributes. Every run of a strategy must have the same roles and sizes."""
+    """Write given splits to ``out``, as ``ingest --splits`` reads them: a :func:`make_splits` result (with the
+    N, label kind and seed it was drawn with) or a fixed split of your own, ``{strategy: [{role: indices}, ...]}``
+    (the validation roles may be left out: empty). Returns the store's attributes. Every run of a strategy
+    must have the same roles and sizes."""
     if not _is_int(n_items) or n_items < 1:
         raise InputError(f"n_items must be a positive integer, got {n_items!r}")
     if label_kind not in ("class", "multilabel", "none"):
         raise InputError(f"label_kind must be class, multilabel or none, got {label_kind!r}")
+    if not isinstance(splits, dict) or not all(isinstance(per_run, (list, tuple)) and
+                                                all(isinstance(sets, dict) for sets in per_run)
+                                                for per_run in splits.values()):
+        raise InputError("splits: expected {strategy: [{role: indices}, ...]}, one dict of index arrays per run")
     _check_options(tuple(splits), 1, seed, None)
+    splits = {strategy: [{**{role: np.array([], np.int64) for role in MAY_BE_EMPTY}, **sets} for sets in per_run]
+              for strategy, per_run in splits.items()}
     counts = {len(per_run) for per_run in splits.values()}
     if len(counts) != 1 or 0 in counts:
         raise InputError("splits: every strategy needs the same positive number of runs")

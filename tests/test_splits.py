@@ -307,3 +307,27 @@ def test_protocol_takes_strategy_and_sizes(tmp_path, capsys):
     sets = read_split(out, "improved", 1)
     assert np.bincount(labels[sets["test_queries"]]).tolist() == [100] * 10
     assert np.bincount(labels[sets["training"]]).tolist() == [500] * 10
+
+
+def test_a_fixed_split_of_your_own_is_ingested_as_given(tmp_path):
+    """write_splits stores given index lists (validation roles left out: empty); ingest --splits takes exactly
+    those rows; malformed splits are refused by name."""
+    rng = np.random.default_rng(5)
+    codes, labels = rng.integers(0, 2, (N, 16)), _labels("class")
+    np.save(tmp_path / "codes.npy", codes)
+    np.save(tmp_path / "labels.npy", labels)
+    order = rng.permutation(N)
+    queries, database = order[:40], order[40:500]
+    write_splits(tmp_path / "s.zarr", {"standard": [{"test_queries": queries, "database": database,
+                                                     "training": order[500:]}]}, n_items=N)
+    assert read_split(tmp_path / "s.zarr", "standard", 0)["validation_queries"].size == 0
+    assert main(["ingest", "--codes", str(tmp_path / "codes.npy"), "--labels", str(tmp_path / "labels.npy"),
+                 "--splits", str(tmp_path / "s.zarr"), "--strategy", "standard", "--run", "0",
+                 "--out", str(tmp_path / "run.zarr")]) == 0
+    group = zarr.open_group(str(tmp_path / "run.zarr"), mode="r")
+    assert np.array_equal(group["queries/labels"][:], labels[np.sort(queries)])
+    assert np.array_equal(group["database/labels"][:], labels[np.sort(database)])
+    for bad in ([{"test_queries": queries}], {"test_queries": queries}, "standard"):
+        with pytest.raises(InputError, match="^splits: "):
+            write_splits(tmp_path / "bad.zarr", {"standard": bad} if bad != "standard" else bad, n_items=N)
+    assert not (tmp_path / "bad.zarr").exists()

@@ -21,7 +21,7 @@ from hashdist.metrics.ranking import (
     recall_at_k,
     roc_auc,
 )
-from hashdist.metrics.summary import MetricParams, aggregate, compute_metrics, per_query_metrics
+from hashdist.metrics.summary import MetricParams, aggregate, per_query_metrics
 
 __all__ = [
     "AP_AT_K_NORMALISERS",
@@ -33,7 +33,6 @@ __all__ = [
     "average_precision_at_k",
     "average_precision_at_radius",
     "cutoff_grid",
-    "compute_metrics",
     "lgap_at_radius",
     "micro_at_radius",
     "ndcg_at_k",

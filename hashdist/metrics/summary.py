@@ -199,7 +199,3 @@ def aggregate(pq: dict[str, np.ndarray], params: MetricParams) -> tuple[dict, di
     queries = {"total": int(len(R)), "evaluated": int(evaluated.sum()), "without_relevant": int((R == 0).sum())}
     return metrics, queries
 
-
-def compute_metrics(H: np.ndarray, max_bucket: np.ndarray, params: MetricParams) -> tuple[dict, dict]:
-    """Convenience for one histogram holding every query: ``aggregate(per_query_metrics(...))``."""
-    return aggregate(per_query_metrics(H, max_bucket, params), params)

@@ -23,7 +23,7 @@ from hashdist.distance import (
     weighted_axis,
 )
 from hashdist.engine import Plan, RunResult, for_threads, make_plan, run_local
-from hashdist.errors import InputError
+from hashdist.errors import InputError, is_integer
 from hashdist.kernels.hashtable import parse_hashtable_spec
 from hashdist.metrics.conventions import conventions_report
 from hashdist.metrics.summary import MetricParams
@@ -215,7 +215,7 @@ def evaluate_local(dataset, *, cache=None, threads: int | None = None, progress:
     """Evaluate in this process with a thread pool; see :func:`evaluate` for the options. ``progress``: a bar
     of histogram blocks on stderr while they run, when stderr is a terminal."""
     t0 = time.time()
-    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, (int, np.integer)) or threads < 1):
+    if threads is not None and (not is_integer(threads) or threads < 1):
         raise InputError(f"--threads / threads=: expected a positive integer or None, got {threads!r}")
     ds, params, plan, parameters = prepare(dataset, **options)
     threads = threads or os.cpu_count() or 1

@@ -32,7 +32,7 @@ from hashdist.bits import (
 from hashdist.dataset import MAX_NBITS, DatasetWriter
 from hashdist.defaults import DEFAULT_CHUNK_ROWS, DEFAULT_QUERY_CHUNK_ROWS
 from hashdist.distance import check_scores
-from hashdist.errors import InputError
+from hashdist.errors import InputError, is_integer
 from hashdist.ingest import check_relevant
 
 __all__ = ["Evaluator", "evaluate_codes"]
@@ -76,8 +76,7 @@ class Evaluator:
     """
 
     def __init__(self, nbits: int | None = None):
-        if nbits is not None and (isinstance(nbits, bool) or not isinstance(nbits, (int, np.integer))
-                                  or not 1 <= nbits <= MAX_NBITS):
+        if nbits is not None and (not is_integer(nbits) or not 1 <= nbits <= MAX_NBITS):
             raise InputError(f"nbits: expected an integer in 1..{MAX_NBITS} or None, got {nbits!r}")
         self.nbits = None if nbits is None else int(nbits)
         self.packed = nbits is not None

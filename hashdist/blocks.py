@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hashdist.errors import InputError
+from hashdist.errors import InputError, check_integer
 
 MAX_BLOCK_ROWS = 2**31 - 1  # the kernels count a block's items into int32 tables
 
@@ -32,9 +32,7 @@ class Block:
 def block_rows(rows: int | None, chunk: int, default: int, option: str, total: int) -> int:
     """Rows per block: ``rows`` (or ``default``) rounded up to whole chunks; ``option`` names it in errors. A
     block of the ``total`` rows holds at most MAX_BLOCK_ROWS of them."""
-    rows = default if rows is None else rows
-    if int(rows) != rows or rows < 1:
-        raise InputError(f"{option} must be a positive integer, got {rows}")
+    rows = check_integer(default if rows is None else rows, option)
     rounded = -(-int(rows) // chunk) * chunk
     if min(rounded, total) > MAX_BLOCK_ROWS:
         raise InputError(f"{option} {rows} makes blocks of {min(rounded, total)} rows: at most {MAX_BLOCK_ROWS}, "

@@ -69,7 +69,7 @@ from hashdist.compare_report import (
 )
 from hashdist.dataset import Dataset, chunk_digest, combine_digests, open_dataset
 from hashdist.defaults import DEFAULT_BOOTSTRAP, DEFAULT_K, DEFAULT_PERMUTATIONS, DEFAULT_RADII, DEFAULT_SEED
-from hashdist.errors import InputError
+from hashdist.errors import InputError, check_integer
 from hashdist.metrics.registry import AP_EXPECTED, BY_KEY, headline_rows, per_query_key
 from hashdist.stats import (
     bootstrap_ci,
@@ -345,9 +345,8 @@ def validate(specs, *, k, radius, permutations, seed, out, overwrite) -> tuple[l
     from hashdist.api import prepare
 
     methods, datasets = open_methods(specs)
-    for option, value, lo in (("--permutations", permutations, 1), ("--seed", seed, 0)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < lo:
-            raise InputError(f"{option} must be an integer >= {lo}, got {value}")
+    check_integer(permutations, "--permutations")
+    check_integer(seed, "--seed", 0)
     for runs in datasets:
         for ds in runs:
             prepare(ds.url, k=k, radius=radius)

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hashdist.bits import n_words
-from hashdist.errors import InputError
+from hashdist.errors import InputError, check_integer
 
 KINDS = ("hamming", "weighted", "asymmetric")
 
@@ -102,9 +102,7 @@ def check_scores(scores, nbits: int, n_queries: int, name: str = "--query-scores
 
 
 def check_bins(bins) -> int:
-    if isinstance(bins, bool) or int(bins) != bins or bins < 1:
-        raise InputError(f"--distance-bins must be a positive integer, got {bins}")
-    return int(bins)
+    return check_integer(bins, "--distance-bins")
 
 
 _SENTINEL = np.iinfo(np.int64).max

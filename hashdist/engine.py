@@ -27,7 +27,7 @@ from hashdist.codeusage import bit_ones_block, bucket_sizes, code_usage, merge_b
 from hashdist.dataset import Dataset, combine_digests, open_dataset
 from hashdist.defaults import DEFAULT_DB_BLOCK_ROWS, DEFAULT_QUERY_BLOCK_ROWS
 from hashdist.distance import DistanceAxis
-from hashdist.errors import InputError
+from hashdist.errors import InputError, check_integer
 from hashdist.kernels import KERNEL_VERSION
 from hashdist.kernels.binned import binned_histogram_block
 from hashdist.kernels.codecounts import (
@@ -110,8 +110,8 @@ def make_plan(
     :func:`for_threads`); no result depends on it.
     """
     relevance = check_relevance(ds, relevance)
-    if code_parts is not None and (isinstance(code_parts, bool) or int(code_parts) != code_parts or code_parts < 1):
-        raise InputError(f"--code-parts must be a positive integer, got {code_parts}")
+    if code_parts is not None:
+        check_integer(code_parts, "--code-parts")
     largest_grade = largest_possible_grade(ds, relevance)
     qrows = block_rows(query_block_rows, ds.chunk_rows("queries"), DEFAULT_QUERY_BLOCK_ROWS, "--query-block-rows",
                        ds.n_queries)

@@ -1,7 +1,27 @@
-"""The one error type users see: bad input, reported as one line with exit status 2."""
+"""The one error type users see: bad input, reported as one line with exit status 2; and the checks of
+integer options that raise it."""
+
+import numbers
 
 
 class InputError(ValueError):
     """Malformed user input. The message names the file or option and the problem."""
 
     exit_status = 2
+
+
+def is_integer(value) -> bool:
+    """A Python or NumPy integer, not a bool (an integral float such as 2.0 is not one)."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def check_integer(value, option: str, lo: int = 1, hi: int | None = None) -> int:
+    """``value`` as an int when :func:`is_integer` and in lo..hi; else InputError naming ``option``."""
+    if not is_integer(value) or value < lo or (hi is not None and value > hi):
+        if hi is not None:
+            wanted = f"an integer in {lo}..{hi}"
+        else:
+            wanted = {0: "a non-negative integer", 1: "a positive integer"}.get(lo, f"an integer >= {lo}")
+        shown = repr(value) if isinstance(value, str) else value
+        raise InputError(f"{option} must be {wanted}, got {shown}")
+    return int(value)

@@ -47,7 +47,7 @@ from hashdist.blocks import Block, block_rows, row_ranges
 from hashdist.cache import BlockCache, resolve_cache
 from hashdist.dataset import FEATURES, Dataset, chunk_digest, combine_digests, open_dataset, replace_relevant
 from hashdist.defaults import DEFAULT_DB_BLOCK_ROWS, GROUNDTRUTH_QUERY_BLOCK_ROWS
-from hashdist.errors import InputError
+from hashdist.errors import InputError, check_integer
 from hashdist.progress import progress_bar
 
 METHODS = ("epsilon_ball", "top_percent")
@@ -101,12 +101,6 @@ class Params:
         return math.ceil(Fraction(repr(self.percent)) * n_database / 100)
 
 
-def _positive_int(value, option: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise InputError(f"{option} must be a positive integer, got {value!r}")
-    return int(value)
-
-
 def _number(value, option: str) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
         raise InputError(f"{option} must be a finite number, got {value!r}")
@@ -156,11 +150,9 @@ def prepare(dataset, *, method: str, neighbors=None, sample=None, seed=None, eps
         if epsilon < 0:
             raise InputError(f"--epsilon must be >= 0, got {epsilon:g}")
         return ds, Params(method, epsilon=epsilon, **blocks)
-    neighbors = _positive_int(DEFAULT_NEIGHBORS if neighbors is None else neighbors, "--neighbors")
-    sample = _positive_int(DEFAULT_SAMPLE if sample is None else sample, "--sample")
-    seed = 0 if seed is None else seed
-    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
-        raise InputError(f"--seed must be a non-negative integer, got {seed!r}")
+    neighbors = check_integer(DEFAULT_NEIGHBORS if neighbors is None else neighbors, "--neighbors")
+    sample = check_integer(DEFAULT_SAMPLE if sample is None else sample, "--sample")
+    seed = check_integer(0 if seed is None else seed, "--seed", 0)
     if neighbors >= n:
         raise InputError(
             f"--neighbors {neighbors} must be below the {n} database items (a point is not its own neighbour)")

@@ -65,7 +65,7 @@ import numpy as np
 
 from hashdist.atomic import exclusive, temporary_sibling
 from hashdist.defaults import DEFAULT_ALPHA, DEFAULT_PERMUTATIONS, DEFAULT_SEED
-from hashdist.errors import InputError
+from hashdist.errors import InputError, check_integer
 from hashdist.metrics.registry import AP_EXPECTED, headline_rows
 
 FORMAT = "hashdist-history"
@@ -398,9 +398,8 @@ def compare_runs(old: dict | None, new: dict, *, alpha: float = DEFAULT_ALPHA,
 def check_test_options(alpha, permutations, seed, min_drop) -> None:
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha < 1:
         raise InputError(f"--alpha must be in (0, 1), got {alpha}")
-    for option, value, lo in (("--permutations", permutations, 1), ("--seed", seed, 0)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < lo:
-            raise InputError(f"{option} must be an integer >= {lo}, got {value}")
+    check_integer(permutations, "--permutations")
+    check_integer(seed, "--seed", 0)
     if isinstance(min_drop, bool) or not isinstance(min_drop, (int, float)) or not 0 <= min_drop < 1:
         raise InputError(f"--min-drop must be in [0, 1), got {min_drop}")
     if alpha < 1 / (permutations + 1):  # the randomisation test's p is never below 1 / (P + 1)

@@ -25,7 +25,7 @@ from hashdist.bits import (
 from hashdist.dataset import MAX_NBITS, DatasetWriter
 from hashdist.defaults import DEFAULT_CHUNK_ROWS, DEFAULT_QUERY_CHUNK_ROWS
 from hashdist.distance import check_scores
-from hashdist.errors import InputError
+from hashdist.errors import InputError, is_integer
 
 
 def _npy_dtype(path) -> np.dtype | None:
@@ -104,7 +104,7 @@ def _code_width(arr: np.ndarray, path, packed: bool, nbits: int | None) -> int:
         return arr.shape[1]
     if nbits is None:
         raise InputError("--packed needs --nbits B")
-    if isinstance(nbits, bool) or int(nbits) != nbits or not 1 <= nbits <= MAX_NBITS:
+    if not is_integer(nbits) or not 1 <= nbits <= MAX_NBITS:
         raise InputError(f"--nbits {nbits}: must be an integer in 1..{MAX_NBITS}")
     if arr.dtype != np.uint8:
         raise InputError(f"{path}: packed codes must be uint8 (numpy packbits), got {arr.dtype}")

@@ -43,7 +43,7 @@ import zarr
 
 from hashdist.atomic import check_apart, staged_directory
 from hashdist.dataset import _create_rows_array, missing_chunk
-from hashdist.errors import InputError
+from hashdist.errors import InputError, check_integer, is_integer
 from hashdist.ingest import load_array
 
 FORMAT = "hashdist-splits"
@@ -64,10 +64,6 @@ def _option(role: str) -> str:
     return "--" + role.replace("_", "-")
 
 
-def _is_int(value) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
-
-
 def _check_options(strategies, runs, seed, sizes) -> tuple[tuple[str, ...], dict]:
     """The requested strategies (deduplicated) and every role's size (None: the remainder); refuses bad values."""
     strategies = (strategies,) if isinstance(strategies, str) else tuple(dict.fromkeys(strategies))
@@ -76,17 +72,13 @@ def _check_options(strategies, runs, seed, sizes) -> tuple[tuple[str, ...], dict
     for name in strategies:
         if name not in STRATEGIES:
             raise InputError(f"--strategy {name}: unknown strategy (choose from {', '.join(STRATEGIES)})")
-    if not _is_int(runs) or runs < 1:
-        raise InputError(f"--runs must be a positive integer, got {runs!r}")
-    if not _is_int(seed) or seed < 0:
-        raise InputError(f"--seed must be a non-negative integer, got {seed!r}")
+    check_integer(runs, "--runs")
+    check_integer(seed, "--seed", 0)
     sizes = {role: size for role, size in (sizes or {}).items() if size is not None}
     for role, size in sizes.items():
         if role not in DEFAULT_SIZES:
             raise InputError(f"sizes: unknown role {role!r} (choose from {', '.join(DEFAULT_SIZES)})")
-        if not _is_int(size) or size < (0 if role in MAY_BE_EMPTY else 1):
-            kind = "non-negative" if role in MAY_BE_EMPTY else "positive"
-            raise InputError(f"{_option(role)} must be a {kind} integer, got {size!r}")
+        check_integer(size, _option(role), 0 if role in MAY_BE_EMPTY else 1)
     if "test_database" in sizes and "improved" not in strategies:
         raise InputError("--test-database applies only to the improved strategy")
     return strategies, {role: int(sizes[role]) if role in sizes else d for role, d in DEFAULT_SIZES.items()}
@@ -97,9 +89,7 @@ def _item_groups(labels, n_items) -> tuple[np.ndarray, str]:
     if (labels is None) == (n_items is None):
         raise InputError("give exactly one of --labels and --n-items")
     if labels is None:
-        if not _is_int(n_items) or n_items < 1:
-            raise InputError(f"--n-items must be a positive integer, got {n_items!r}")
-        return np.zeros(int(n_items), np.int64), "none"
+        return np.zeros(check_integer(n_items, "--n-items"), np.int64), "none"
     name = "labels"
     if isinstance(labels, (str, os.PathLike)):
         name, labels = str(labels), load_array(labels)
@@ -255,8 +245,7 @@ def write_splits(out, splits: dict, *, n_items: int, label_kind: str = "none", s
     N, label kind and seed it was drawn with) or a fixed split of your own, ``{strategy: [{role: indices}, ...]}``
     (the validation roles may be left out: empty). Returns the store's attributes. Every run of a strategy
     must have the same roles and sizes."""
-    if not _is_int(n_items) or n_items < 1:
-        raise InputError(f"n_items must be a positive integer, got {n_items!r}")
+    check_integer(n_items, "n_items")
     if label_kind not in ("class", "multilabel", "none"):
         raise InputError(f"label_kind must be class, multilabel or none, got {label_kind!r}")
     if not isinstance(splits, dict) or not all(isinstance(per_run, (list, tuple)) and
@@ -344,7 +333,7 @@ def read_split(path, strategy: str, run: int) -> dict:
     entry = attrs["strategies"].get(strategy)
     if entry is None:
         raise InputError(f"{path}: unknown strategy {strategy!r} (the store has {', '.join(attrs['strategies'])})")
-    if not _is_int(run) or not 0 <= run < attrs["runs"]:
+    if not is_integer(run) or not 0 <= run < attrs["runs"]:
         raise InputError(f"{path}: run index {run!r} is out of range 0..{attrs['runs'] - 1}")
     sets = {}
     for role in entry["roles"]:

@@ -40,7 +40,7 @@ from hashdist.dataset import (
     MAX_NBITS,
     DatasetWriter,
 )
-from hashdist.errors import InputError
+from hashdist.errors import InputError, check_integer
 
 __all__ = ["PRESETS", "synth_dataset", "digits_dataset", "features_dataset"]
 
@@ -85,16 +85,6 @@ _S_LABELS, _S_MIX, _S_NOISE, _S_COLLISION, _S_PROTOTYPE, _S_STRAY = range(6)
 
 
 # -- argument checks ----------------------------------------------------------
-
-
-def _int_opt(value, option: str, lo: int, hi: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise InputError(f"{option} must be an integer, got {value!r}")
-    value = int(value)
-    if value < lo or (hi is not None and value > hi):
-        rng = f"in {lo}..{hi}" if hi is not None else f">= {lo}"
-        raise InputError(f"{option} must be {rng}, got {value}")
-    return value
 
 
 def _float_opt(value, option: str, lo: float, hi: float | None = None) -> float:
@@ -154,7 +144,7 @@ def _multi_hot_words(lab: np.ndarray, n_labels: int) -> np.ndarray:
 
 
 def _check_prototypes(prototypes, stray, n_centres: int, nbits: int) -> tuple[int, float]:
-    prototypes = _int_opt(prototypes, "--prototypes", 0)
+    prototypes = check_integer(prototypes, "--prototypes", 0)
     stray = _float_opt(stray, "--stray", 0.0, 1.0)
     if prototypes * n_centres * nbits > MAX_CENTRE_BITS:
         raise InputError(f"--prototypes {prototypes} x {n_centres} classes x --nbits {nbits} exceeds "
@@ -281,22 +271,22 @@ def synth_dataset(
     ``prototypes`` > 0: an item's code is one of ``prototypes`` fixed codes of its (first) class
     (each the class centre plus ``noise``), a fraction ``stray`` of items with one bit flipped.
     """
-    n_database = _int_opt(n_database, "--n-database", 1)
-    n_queries = _int_opt(n_queries, "--n-queries", 1)
-    nbits = _int_opt(nbits, "--nbits", 1, MAX_NBITS)
+    n_database = check_integer(n_database, "--n-database", 1)
+    n_queries = check_integer(n_queries, "--n-queries", 1)
+    nbits = check_integer(nbits, "--nbits", 1, MAX_NBITS)
     if labels not in LABEL_KINDS:
         raise InputError(f"--labels must be one of {', '.join(LABEL_KINDS)}, got {labels!r}")
-    n_classes = _int_opt(n_classes, "--n-classes", 1, MAX_CLASSES)
+    n_classes = check_integer(n_classes, "--n-classes", 1, MAX_CLASSES)
     if labels == "class" and n_classes * nbits > MAX_CENTRE_BITS:
         raise InputError(f"--n-classes {n_classes} x --nbits {nbits} exceeds {MAX_CENTRE_BITS} centre bits")
-    n_concepts = _int_opt(n_concepts, "--n-concepts", 1, MAX_CONCEPTS)
+    n_concepts = check_integer(n_concepts, "--n-concepts", 1, MAX_CONCEPTS)
     labels_per_item = _float_opt(labels_per_item, "--labels-per-item", 1.0)
     noise = _float_opt(noise, "--noise", 0.0, 1.0)
     collision = _float_opt(collision, "--collision", 0.0, 1.0)
     prototypes, stray = _check_prototypes(prototypes, stray, n_classes if labels == "class" else n_concepts, nbits)
-    seed = _int_opt(seed, "--seed", 0)
-    chunk_rows = _int_opt(chunk_rows, "--chunk-rows", 1)
-    query_chunk_rows = _int_opt(query_chunk_rows, "--query-chunk-rows", 1)
+    seed = check_integer(seed, "--seed", 0)
+    chunk_rows = check_integer(chunk_rows, "--chunk-rows", 1)
+    query_chunk_rows = check_integer(query_chunk_rows, "--query-chunk-rows", 1)
 
     params = dict(
         kind="synthetic", n_database=n_database, n_queries=n_queries, nbits=nbits, labels=labels,
@@ -349,17 +339,17 @@ def synth_pooled(out, *, n_items: int, nbits: int = 64, labels: str = "multilabe
                  prototypes: int = 0, stray: float = 0.0, seed: int = 0, overwrite: bool = False) -> str:
     """Every item of a synthetic dataset, unsplit (``hashdist synth --pooled DIR``), for ``hashdist split``:
     DIR/codes.npy ((N, B) uint8 0/1) and DIR/labels.npy (class ids, or (N, concepts) uint8 multi-hot)."""
-    n_items = _int_opt(n_items, "--n-items", 2)
-    nbits = _int_opt(nbits, "--nbits", 1, MAX_NBITS)
+    n_items = check_integer(n_items, "--n-items", 2)
+    nbits = check_integer(nbits, "--nbits", 1, MAX_NBITS)
     if labels not in LABEL_KINDS:
         raise InputError(f"--labels must be one of {', '.join(LABEL_KINDS)}, got {labels!r}")
-    n_classes = _int_opt(n_classes, "--n-classes", 1, MAX_CLASSES)
-    n_concepts = _int_opt(n_concepts, "--n-concepts", 1, MAX_CONCEPTS)
+    n_classes = check_integer(n_classes, "--n-classes", 1, MAX_CLASSES)
+    n_concepts = check_integer(n_concepts, "--n-concepts", 1, MAX_CONCEPTS)
     prototypes, stray = _check_prototypes(prototypes, stray, n_classes if labels == "class" else n_concepts, nbits)
     gen = _Generator(nbits=nbits, labels=labels, n_classes=n_classes, n_concepts=n_concepts,
                      labels_per_item=_float_opt(labels_per_item, "--labels-per-item", 1.0),
                      noise=_float_opt(noise, "--noise", 0.0, 1.0),
-                     collision=_float_opt(collision, "--collision", 0.0, 1.0), seed=_int_opt(seed, "--seed", 0),
+                     collision=_float_opt(collision, "--collision", 0.0, 1.0), seed=check_integer(seed, "--seed", 0),
                      prototypes=prototypes, stray=stray)
 
     def blocks():
@@ -429,8 +419,8 @@ def digits_dataset(
 
     if method not in DIGITS_METHODS:
         raise InputError(f"--method must be one of {', '.join(DIGITS_METHODS)}, got {method!r}")
-    nbits = _int_opt(nbits, "--nbits", 1, MAX_NBITS)
-    seed = _int_opt(seed, "--seed", 0)
+    nbits = check_integer(nbits, "--nbits", 1, MAX_NBITS)
+    seed = check_integer(seed, "--seed", 0)
     check_apart(out, (splits,))
     x, y = load_digits(return_X_y=True)
     n, d = x.shape
@@ -440,7 +430,7 @@ def digits_dataset(
     params = dict(kind="digits", source="sklearn.datasets.load_digits", method=method, nbits=nbits, seed=seed)
     extra = {}  # a split run's record
     if splits is None:
-        n_queries = _int_opt(n_queries, "--n-queries", 1, n - 1)
+        n_queries = check_integer(n_queries, "--n-queries", 1, n - 1)
         perm = rng.permutation(n)
         qi, di = perm[:n_queries], perm[n_queries:]
         ti = di
@@ -479,9 +469,9 @@ def digits_pooled(out, *, method: str = "itq", nbits: int = 32, seed: int = 0, o
 
     if method not in DIGITS_METHODS:
         raise InputError(f"--method must be one of {', '.join(DIGITS_METHODS)}, got {method!r}")
-    nbits = _int_opt(nbits, "--nbits", 1, MAX_NBITS)
+    nbits = check_integer(nbits, "--nbits", 1, MAX_NBITS)
     x, y = load_digits(return_X_y=True)
-    mean, w = _digits_hashing(method, nbits, x, np.random.default_rng(_int_opt(seed, "--seed", 0)))
+    mean, w = _digits_hashing(method, nbits, x, np.random.default_rng(check_integer(seed, "--seed", 0)))
     bits = ((x - mean) @ w > 0).astype(np.uint8)
     return _write_pooled(out, len(y), nbits, (), np.int64, [(bits, y.astype(np.int64))], overwrite)
 
@@ -528,18 +518,18 @@ def features_dataset(
     TRAIN_ROWS extra draws. Rows come in fixed generation blocks with their own random
     streams, so they depend only on the parameters and the seed.
     """
-    n_database = _int_opt(n_database, "--n-database", 1)
-    n_queries = _int_opt(n_queries, "--n-queries", 1)
-    dim = _int_opt(dim, "--dim", 1, 65536)
-    nbits = _int_opt(nbits, "--nbits", 1, MAX_NBITS)
+    n_database = check_integer(n_database, "--n-database", 1)
+    n_queries = check_integer(n_queries, "--n-queries", 1)
+    dim = check_integer(dim, "--dim", 1, 65536)
+    nbits = check_integer(nbits, "--nbits", 1, MAX_NBITS)
     if method not in FEATURE_METHODS:
         raise InputError(f"--features must be one of {', '.join(FEATURE_METHODS)}, got {method!r}")
     if method == "itq" and nbits > dim:
         raise InputError(f"--nbits {nbits} exceeds --dim {dim} (itq needs nbits <= dim)")
-    n_clusters = _int_opt(n_clusters, "--n-clusters", 1, MAX_CLASSES)
-    seed = _int_opt(seed, "--seed", 0)
-    chunk_rows = _int_opt(chunk_rows, "--chunk-rows", 1)
-    query_chunk_rows = _int_opt(query_chunk_rows, "--query-chunk-rows", 1)
+    n_clusters = check_integer(n_clusters, "--n-clusters", 1, MAX_CLASSES)
+    seed = check_integer(seed, "--seed", 0)
+    chunk_rows = check_integer(chunk_rows, "--chunk-rows", 1)
+    query_chunk_rows = check_integer(query_chunk_rows, "--query-chunk-rows", 1)
 
     rng = _rng(seed, _CENTRES, _S_CENTRES)
     centres = rng.standard_normal((n_clusters, dim)).astype(np.float32)

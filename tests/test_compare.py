@@ -152,7 +152,7 @@ def test_cli_end_to_end(methods, tmp_path, capsys):
 @pytest.mark.parametrize("extra,needle", [
     ([], "at least two"),
     (["--method", "b=nowhere.zarr"], "--method b: nowhere.zarr: no such dataset"),
-    (["--method", "b={good}", "--permutations", "0"], "--permutations must be an integer >= 1"),
+    (["--method", "b={good}", "--permutations", "0"], "--permutations must be a positive integer"),
     (["--method", "b={good}", "--radius", "40"], "--radius"),
 ])
 def test_cli_bad_input(methods, tmp_path, capsys, extra, needle):

@@ -41,7 +41,7 @@ class MetricParams:
     bin_edges: tuple[float, ...] | None = None  # ... and every bin's upper edge (where the PR curve's points lie)
 
     def validate(self, nbits: int) -> None:
-        from hashdist.errors import InputError
+        from hashdist.errors import InputError, check_integer
 
         if not self.ks or any(not 1 <= k < math.inf or int(k) != k for k in self.ks):
             raise InputError(f"--k: every K must be a positive integer, got {list(self.ks)}")
@@ -57,9 +57,8 @@ class MetricParams:
             raise InputError(f"--beta must be a finite number > 0, got {self.beta}")
         if self.empty_queries not in EMPTY_QUERY_RULES:
             raise InputError(f"--empty-queries must be one of {EMPTY_QUERY_RULES}, got {self.empty_queries!r}")
-        if self.max_grade is not None and (isinstance(self.max_grade, bool) or int(self.max_grade) != self.max_grade
-                                           or self.max_grade < 1):
-            raise InputError(f"--max-grade must be a positive integer, got {self.max_grade}")
+        if self.max_grade is not None:
+            check_integer(self.max_grade, "--max-grade")
         for name in self.conventions:
             if name == "hashdist":
                 raise InputError("--convention 'hashdist': hashdist's own convention is always reported (map_at_k, "

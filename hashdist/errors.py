@@ -1,6 +1,7 @@
 """The one error type users see: bad input, reported as one line with exit status 2; and the checks of
-integer options that raise it."""
+numeric options that raise it."""
 
+import math
 import numbers
 
 
@@ -25,3 +26,16 @@ def check_integer(value, option: str, lo: int = 1, hi: int | None = None) -> int
         shown = repr(value) if isinstance(value, str) else value
         raise InputError(f"{option} must be {wanted}, got {shown}")
     return int(value)
+
+
+def check_number(value, option: str, lo: float = -math.inf, hi: float = math.inf) -> float:
+    """``value`` as a float: a finite real number (not a bool) in [lo, hi]; else InputError naming ``option``."""
+    finite = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+    if not finite or not lo <= value <= hi:
+        if not finite:
+            wanted = "a finite number"
+        else:
+            wanted = f"in [{lo:g}, {hi:g}]" if math.isfinite(hi) else f">= {lo:g}"
+        shown = repr(value) if isinstance(value, str) else value
+        raise InputError(f"{option} must be {wanted}, got {shown}")
+    return float(value)

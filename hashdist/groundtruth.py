@@ -32,7 +32,6 @@ runs sweeps with threads, ``flows/groundtruth.py`` as Prefect tasks on Dask. No 
 from __future__ import annotations
 
 import math
-import numbers
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -47,7 +46,7 @@ from hashdist.blocks import Block, block_rows, row_ranges
 from hashdist.cache import BlockCache, resolve_cache
 from hashdist.dataset import FEATURES, Dataset, chunk_digest, combine_digests, open_dataset, replace_relevant
 from hashdist.defaults import DEFAULT_DB_BLOCK_ROWS, GROUNDTRUTH_QUERY_BLOCK_ROWS
-from hashdist.errors import InputError, check_integer
+from hashdist.errors import InputError, check_integer, check_number
 from hashdist.progress import progress_bar
 
 METHODS = ("epsilon_ball", "top_percent")
@@ -101,12 +100,6 @@ class Params:
         return math.ceil(Fraction(repr(self.percent)) * n_database / 100)
 
 
-def _number(value, option: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
-        raise InputError(f"{option} must be a finite number, got {value!r}")
-    return float(value)
-
-
 def _check_features(ds: Dataset) -> None:
     if not all(ds.has(name) for name in FEATURES):
         raise InputError(f"{ds.url}: dataset has no features (ingest with --db-features and --query-features)")
@@ -136,7 +129,7 @@ def prepare(dataset, *, method: str, neighbors=None, sample=None, seed=None, eps
                               (epsilon, "--epsilon")):
             if value is not None:
                 raise InputError(f"{option} applies only to --method epsilon_ball")
-        percent = DEFAULT_PERCENT if percent is None else _number(percent, "--percent")
+        percent = DEFAULT_PERCENT if percent is None else check_number(percent, "--percent")
         if not 0 < percent <= 100:
             raise InputError(f"--percent must be in (0, 100], got {percent:g}")
         return ds, Params(method, percent=percent, **blocks)
@@ -146,7 +139,7 @@ def prepare(dataset, *, method: str, neighbors=None, sample=None, seed=None, eps
         for value, option in ((neighbors, "--neighbors"), (sample, "--sample"), (seed, "--seed")):
             if value is not None:
                 raise InputError(f"{option} sets how epsilon is estimated; it cannot be combined with --epsilon")
-        epsilon = _number(epsilon, "--epsilon")
+        epsilon = check_number(epsilon, "--epsilon")
         if epsilon < 0:
             raise InputError(f"--epsilon must be >= 0, got {epsilon:g}")
         return ds, Params(method, epsilon=epsilon, **blocks)

@@ -27,7 +27,6 @@ features (``hashdist groundtruth``).
 
 from __future__ import annotations
 
-import numbers
 from pathlib import Path
 
 import numpy as np
@@ -40,7 +39,7 @@ from hashdist.dataset import (
     MAX_NBITS,
     DatasetWriter,
 )
-from hashdist.errors import InputError, check_integer
+from hashdist.errors import InputError, check_integer, check_number
 
 __all__ = ["PRESETS", "synth_dataset", "digits_dataset", "features_dataset"]
 
@@ -82,19 +81,6 @@ _CENTRES = 2
 _PROTOTYPES = 3
 # independent random streams within one generation block
 _S_LABELS, _S_MIX, _S_NOISE, _S_COLLISION, _S_PROTOTYPE, _S_STRAY = range(6)
-
-
-# -- argument checks ----------------------------------------------------------
-
-
-def _float_opt(value, option: str, lo: float, hi: float | None = None) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise InputError(f"{option} must be a number, got {value!r}")
-    value = float(value)
-    if not np.isfinite(value) or value < lo or (hi is not None and value > hi):
-        rng = f"in [{lo:g}, {hi:g}]" if hi is not None else f">= {lo:g}"
-        raise InputError(f"{option} must be {rng}, got {value!r}")
-    return value
 
 
 # -- synthetic codes ----------------------------------------------------------
@@ -145,7 +131,7 @@ def _multi_hot_words(lab: np.ndarray, n_labels: int) -> np.ndarray:
 
 def _check_prototypes(prototypes, stray, n_centres: int, nbits: int) -> tuple[int, float]:
     prototypes = check_integer(prototypes, "--prototypes", 0)
-    stray = _float_opt(stray, "--stray", 0.0, 1.0)
+    stray = check_number(stray, "--stray", 0.0, 1.0)
     if prototypes * n_centres * nbits > MAX_CENTRE_BITS:
         raise InputError(f"--prototypes {prototypes} x {n_centres} classes x --nbits {nbits} exceeds "
                          f"{MAX_CENTRE_BITS} prototype bits")
@@ -280,9 +266,9 @@ def synth_dataset(
     if labels == "class" and n_classes * nbits > MAX_CENTRE_BITS:
         raise InputError(f"--n-classes {n_classes} x --nbits {nbits} exceeds {MAX_CENTRE_BITS} centre bits")
     n_concepts = check_integer(n_concepts, "--n-concepts", 1, MAX_CONCEPTS)
-    labels_per_item = _float_opt(labels_per_item, "--labels-per-item", 1.0)
-    noise = _float_opt(noise, "--noise", 0.0, 1.0)
-    collision = _float_opt(collision, "--collision", 0.0, 1.0)
+    labels_per_item = check_number(labels_per_item, "--labels-per-item", 1.0)
+    noise = check_number(noise, "--noise", 0.0, 1.0)
+    collision = check_number(collision, "--collision", 0.0, 1.0)
     prototypes, stray = _check_prototypes(prototypes, stray, n_classes if labels == "class" else n_concepts, nbits)
     seed = check_integer(seed, "--seed", 0)
     chunk_rows = check_integer(chunk_rows, "--chunk-rows", 1)
@@ -347,9 +333,9 @@ def synth_pooled(out, *, n_items: int, nbits: int = 64, labels: str = "multilabe
     n_concepts = check_integer(n_concepts, "--n-concepts", 1, MAX_CONCEPTS)
     prototypes, stray = _check_prototypes(prototypes, stray, n_classes if labels == "class" else n_concepts, nbits)
     gen = _Generator(nbits=nbits, labels=labels, n_classes=n_classes, n_concepts=n_concepts,
-                     labels_per_item=_float_opt(labels_per_item, "--labels-per-item", 1.0),
-                     noise=_float_opt(noise, "--noise", 0.0, 1.0),
-                     collision=_float_opt(collision, "--collision", 0.0, 1.0), seed=check_integer(seed, "--seed", 0),
+                     labels_per_item=check_number(labels_per_item, "--labels-per-item", 1.0),
+                     noise=check_number(noise, "--noise", 0.0, 1.0),
+                     collision=check_number(collision, "--collision", 0.0, 1.0), seed=check_integer(seed, "--seed", 0),
                      prototypes=prototypes, stray=stray)
 
     def blocks():

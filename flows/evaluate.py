@@ -264,8 +264,7 @@ def evaluate(
         conventions=conventions, protocol=protocol, distance=distance, bit_weights=bit_weights,
         distance_bins=distance_bins, code_parts=code_parts,
     )
-    cache_dir = resolve_cache(cache).directory
-    cache_arg = False if cache_dir is None else str(cache_dir)
+    cache_arg = resolve_cache(cache).argument
 
     threads = cluster_threads()
     if workers_in_this_process():  # a first run's metric functions compile in a second process meanwhile

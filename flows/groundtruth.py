@@ -15,7 +15,7 @@ from prefect.futures import as_completed
 
 from flows.runtime import TASK_OPTIONS, task_runner
 from hashdist import groundtruth as gt
-from hashdist.api import resolve_cache
+from hashdist.cache import resolve_cache
 from hashdist.progress import progress_bar
 
 
@@ -42,8 +42,7 @@ def groundtruth(
     t_start = time.time()
     ds, params = gt.prepare(dataset, method=method, neighbors=neighbors, sample=sample, seed=seed, epsilon=epsilon,
                             percent=percent, query_block_rows=query_block_rows, db_block_rows=db_block_rows)
-    cache_dir = resolve_cache(cache).directory
-    cache_arg = False if cache_dir is None else str(cache_dir)
+    cache_arg = resolve_cache(cache).argument
     blocks = {"computed": 0, "cached": 0}
     with progress_bar(0, progress) as bar:
 

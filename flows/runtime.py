@@ -31,7 +31,7 @@ from prefect.settings import PREFECT_API_URL, PREFECT_FLOWS_HEARTBEAT_FREQUENCY,
 from prefect_dask import DaskTaskRunner  # noqa: E402
 
 from flows.apiserver import TemporaryAPIServer  # noqa: E402
-from hashdist.errors import InputError  # noqa: E402
+from hashdist.errors import InputError, json_object  # noqa: E402
 
 
 def retry_unless_bad_input(task, task_run, state) -> bool:
@@ -139,15 +139,7 @@ def check_api(url: str) -> None:
 def environment_cluster_kwargs() -> dict | None:
     """$HASHDIST_CLUSTER_KWARGS (a JSON object), None when unset; a malformed value is an InputError."""
     text = os.environ.get("HASHDIST_CLUSTER_KWARGS")
-    if not text:
-        return None
-    try:
-        kwargs = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InputError(f"$HASHDIST_CLUSTER_KWARGS is not valid JSON: {exc}") from None
-    if not isinstance(kwargs, dict):
-        raise InputError("$HASHDIST_CLUSTER_KWARGS must be a JSON object")
-    return kwargs
+    return json_object(text, "$HASHDIST_CLUSTER_KWARGS") if text else None
 
 
 @contextlib.contextmanager

@@ -41,6 +41,12 @@ class BlockCache:
     def __init__(self, directory: str | os.PathLike | None):
         self.directory = Path(directory) if directory is not None else None
 
+    @property
+    def argument(self) -> str | bool:
+        """This cache as a task's argument: its directory (resolved here, so every worker uses the same one) or
+        False for none; :func:`resolve_cache` of it gives this cache back."""
+        return False if self.directory is None else str(self.directory)
+
     def _path(self, key: str) -> Path:
         return self.directory / key[:2] / f"{key}.npz"
 

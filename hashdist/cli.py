@@ -28,7 +28,7 @@ from hashdist.defaults import (
     DEFAULT_SEED,
     GROUNDTRUTH_QUERY_BLOCK_ROWS,
 )
-from hashdist.errors import InputError
+from hashdist.errors import InputError, json_object
 from hashdist.metrics.conventions import CONVENTIONS
 from hashdist.protocols import PROTOCOLS
 from hashdist.signals import EXIT_GRACE_S, EXIT_STATUS, SignalWatch, exit_within
@@ -341,15 +341,7 @@ def _check_execution(a) -> None:
 
 def _cluster_kwargs(a) -> dict | None:
     """--cluster-kwargs as a dict; None when it gives none, so that $HASHDIST_CLUSTER_KWARGS applies."""
-    if not a.cluster_kwargs:
-        return None
-    try:
-        kwargs = json.loads(a.cluster_kwargs)
-    except json.JSONDecodeError as exc:
-        raise InputError(f"--cluster-kwargs is not valid JSON: {exc}") from None
-    if not isinstance(kwargs, dict):
-        raise InputError("--cluster-kwargs must be a JSON object")
-    return kwargs or None
+    return (json_object(a.cluster_kwargs, "--cluster-kwargs") or None) if a.cluster_kwargs else None
 
 
 def _add_evaluate(sub):
@@ -437,7 +429,6 @@ def _check_evaluate(a):
     if a.history is not None:
         _check_history_option(a)
     _check_execution(a)
-    _cluster_kwargs(a)
     prepare(a.dataset, **_evaluate_options(a))
 
 
@@ -604,11 +595,10 @@ def _groundtruth_options(a) -> dict:
 
 
 def _check_groundtruth(a):
-    """--cluster-kwargs, the dataset's features and the method's options."""
+    """The execution options, the dataset's features and the method's options."""
     from hashdist import groundtruth
 
     _check_execution(a)
-    _cluster_kwargs(a)
     groundtruth.prepare(a.dataset, **_groundtruth_options(a))
 
 

@@ -1,6 +1,7 @@
 """The one error type users see: bad input, reported as one line with exit status 2; and the checks of
-numeric options that raise it."""
+options that raise it."""
 
+import json
 import math
 import numbers
 
@@ -39,3 +40,14 @@ def check_number(value, option: str, lo: float = -math.inf, hi: float = math.inf
         shown = repr(value) if isinstance(value, str) else value
         raise InputError(f"{option} must be {wanted}, got {shown}")
     return float(value)
+
+
+def json_object(text: str, option: str) -> dict:
+    """``text`` parsed as a JSON object (keyword arguments); else InputError naming ``option``."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{option} is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise InputError(f"{option} must be a JSON object")
+    return value

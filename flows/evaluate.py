@@ -300,7 +300,7 @@ def evaluate(
         evaluation.write(out, overwrite=overwrite, html=html, started_at=started_at)
     _publish_artifacts(report)
     if history is not None:  # append to the history store, compare with the previous run (flows/history.py)
-        verdict = watch(evaluation, history)
+        evaluation.verdict = verdict = watch(evaluation, history)
         if verdict["flagged"]:  # Failed, message "mAP dropped significantly: ..."; the outputs stay written
             return drop_state(verdict, evaluation)
     return evaluation

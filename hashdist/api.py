@@ -190,6 +190,7 @@ class Evaluation:
     report: dict
     per_query: dict
     bucket_sizes: np.ndarray  # (size, codes) rows of the database's code usage
+    verdict: dict | None = None  # a run recorded in a history store: its test against the run before it
 
     def write(self, out, *, overwrite: bool = False, html: bool = True, started_at: float | None = None):
         """Write report.json, per_query.zarr and report.html into ``out`` (atomically).

@@ -444,11 +444,10 @@ def _evaluate_into(a):
         started_at = time.time()
         evaluation = evaluate_local(a.dataset, cache=cache, threads=a.threads, progress=not a.quiet, **options)
         evaluation.write(a.out, overwrite=a.overwrite, html=not a.no_html, started_at=started_at)
-        verdict = None
         if a.history is not None:
             from hashdist.history import record
 
-            verdict = record(a.history, evaluation)
+            evaluation.verdict = record(a.history, evaluation)
     else:
         from flows.evaluate import run_evaluation
         from hashdist.history import SignificantDrop
@@ -461,13 +460,9 @@ def _evaluate_into(a):
                 cluster_class=a.cluster_class, cluster_kwargs=cluster_kwargs, workers=a.workers, threads=a.threads,
                 progress=not a.quiet, **options,
             )
-            verdict = None
         except SignificantDrop as drop:
-            evaluation, verdict = drop.evaluation, drop.verdict
-        if a.history is not None and verdict is None:
-            from hashdist.history import compare_with_previous
-
-            verdict = compare_with_previous(a.history)  # the run the flow just recorded (same test, same seed)
+            evaluation = drop.evaluation
+    verdict = evaluation.verdict
     output = _evaluate_output(a, evaluation, verdict)
     if verdict is not None and verdict["flagged"]:
         raise _Dropped(output, verdict["message"])

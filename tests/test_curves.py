@@ -145,6 +145,13 @@ def test_curves_and_map_at_radius_by_enumeration(H, ks, rule):
     assert metrics["pr_curve_by_rank"] == [
         {"n": n, "precision": metrics["precision_at_n"][str(n)]["expected"],
          "recall": metrics["recall_at_n"][str(n)]["expected"]} for n in params.cutoffs]
+    for policy in POLICIES:  # mAP's mean follows the rule
+        want = macro_mean([ref.policy_value("ap", dist, grade, policy) for dist, grade in per_query], R, rule)
+        assert close(metrics["map"][policy], want), policy
+    # AUC's over the queries with 0 < R < Nall, whatever the rule: one without a relevant item is never a 0
+    auc = [ref.to_float(ref.roc_auc_items(dist, grade)) for dist, grade in per_query]
+    defined = [a for a, r, n in zip(auc, R, H.sum(axis=(1, 2)), strict=True) if 0 < r < n]
+    assert close(metrics["auc"]["expected"], math.fsum(defined) / len(defined) if defined else math.nan)
 
 
 @settings(max_examples=30, **SETTINGS)

@@ -277,3 +277,18 @@ def test_flow_cli_with_weights_equals_local(tmp_path, class_dataset, cli_env):
     assert reports[0]["metrics"] == reports[1]["metrics"]
     assert reports[0]["distance"] == reports[1]["distance"]
     assert reports[0]["distance"]["kind"] == "weighted"
+
+
+@pytest.mark.parametrize("rule", ["exclude", "zero"])
+def test_mlgap_is_null_at_a_radius_that_is_not_an_integer(rule):
+    """mLGAP stays plain Hamming: at a radius between integers it has no value, null in report.json, whether
+    queries without a relevant item are excluded or counted as 0 (which applies to those queries only)."""
+    rng, db, dl, qb, ql = _random_case(3, "class")
+    ql[0] = dl.max() + 1  # a query with no relevant item
+    report = hashdist.evaluate_codes(qb, db, ql, dl, bit_weights=np.ones(qb.shape[1]), radius=(0.5, 1),
+                                     empty_queries=rule)
+    lgap = report["metrics"]["mlgap_at_radius"]
+    assert lgap["0.5"] is None or np.isnan(lgap["0.5"])
+    plain = hashdist.evaluate_codes(qb, db, ql, dl, radius=(1,), empty_queries=rule)
+    assert lgap["1"] == plain["metrics"]["mlgap_at_radius"]["1"]
+    assert report["queries"]["evaluated"] == len(qb) - (rule == "exclude")

@@ -43,7 +43,7 @@ class Measure:
     from_totals: Callable | None = None  # (totals, value, beta) -> number or dict, micro over evaluated queries
     from_metrics: Callable | None = None  # (metrics) -> value, from the aggregated values of measures before it
     fields: tuple[str, ...] = ()  # the fields of a dict value shown in tables
-    queries: str = "evaluated"  # the mean runs over "evaluated" queries or those "with_irrelevant" items too
+    queries: str = "evaluated"  # the mean runs over "evaluated" queries, or "with_irrelevant": those with 0 < R < Nall
     headline: bool = False  # a column of the comparison leaderboard and a row of the Prefect artifact
     headline_variant: str | None = None
     stored_per_query: bool = False  # written to per_query.zarr

@@ -144,12 +144,11 @@ def concat_per_query(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray
     return {key: np.concatenate([p[key] for p in parts]) for key in parts[0]}
 
 
-def _mean(values: np.ndarray, mask: np.ndarray, zero_fill: bool) -> float:
-    v = values[mask]
-    if zero_fill:
-        v = np.nan_to_num(v, nan=0.0)
-    else:
-        v = v[~np.isnan(v)]
+def _mean(values: np.ndarray, mask: np.ndarray, zero: np.ndarray) -> float:
+    """The mean over the ``mask`` queries of their defined values, a query in ``zero`` (R = 0 under
+    --empty-queries zero) counting as 0; NaN when none is left."""
+    v = np.where(zero & np.isnan(values), 0.0, values)[mask]
+    v = v[~np.isnan(v)]
     return math.fsum(v.tolist()) / len(v) if len(v) else math.nan
 
 
@@ -167,19 +166,22 @@ def _totals(pq: dict[str, np.ndarray], evaluated: np.ndarray, params: MetricPara
 def aggregate(pq: dict[str, np.ndarray], params: MetricParams) -> tuple[dict, dict]:
     """The report's ``metrics`` and ``queries`` sections from concatenated per-query values."""
     R = pq["relevant"]
-    zero = params.empty_queries == "zero"
-    evaluated = np.ones(len(R), bool) if zero else R > 0
-    masks = {"evaluated": evaluated, "with_irrelevant": evaluated & (pq["items"] > R)}
+    counted_as_zero = (R == 0) & (params.empty_queries == "zero")
+    evaluated = (R > 0) | counted_as_zero
+    # AUC needs a relevant and an irrelevant item: 0 < R < Nall, whatever --empty-queries says
+    masks = {"evaluated": evaluated, "with_irrelevant": (R > 0) & (pq["items"] > R)}
     totals = _totals(pq, evaluated, params)
 
     def value_of(measure, value, variant):
         if measure.from_totals is not None:
             position = params.position(value) if measure.parameter == "radius" else value
             return measure.from_totals(totals, position, params.beta)
+        if measure.hamming and measure.parameter == "radius" and value not in params.hamming_radii:
+            return math.nan  # a plain-Hamming measure has no value between integer radii, for any query
         mask = masks[measure.queries]
         if not measure.policies:
-            return _mean(pq[per_query_key(measure, value, variant)], mask, zero)
-        return {policy: _mean(pq[per_query_key(measure, value, variant, policy)], mask, zero)
+            return _mean(pq[per_query_key(measure, value, variant)], mask, counted_as_zero)
+        return {policy: _mean(pq[per_query_key(measure, value, variant, policy)], mask, counted_as_zero)
                 for policy in measure.policies}
 
     def by_variant(measure, value):

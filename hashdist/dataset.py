@@ -10,7 +10,8 @@ Layout (rows are database items or queries)::
                         sorted per query, optional grades (nnz,)
     database/features   (N, D) float32 or float64 real-valued features (optional)
     queries/features    (Q, D), like database/features
-    queries/scores      (Q, B) float32 real-valued query vectors for the asymmetric distance (optional)
+    queries/scores      (Q, B) float64 real-valued query vectors for the asymmetric distance (optional; float32 in
+                        datasets written before 2026-11-26, read as they are)
 
 Group attributes: ``format`` ("hashdist-dataset"), ``format_version``, ``nbits``,
 ``relevance`` (the kinds the data supports, default first), ``n_labels`` for
@@ -407,8 +408,8 @@ class DatasetWriter:
 
     def add_scores(self, scores: np.ndarray) -> None:
         """Real-valued query vectors (Q, B) for the asymmetric distance, float32."""
-        self._writer("queries/scores", self.nbits, np.float32, self.chunk_rows["queries"]).append(
-            np.ascontiguousarray(scores, dtype=np.float32))
+        self._writer("queries/scores", self.nbits, np.float64, self.chunk_rows["queries"]).append(
+            np.ascontiguousarray(scores, dtype=np.float64))
 
     def add_relevant(self, indptr: np.ndarray, indices: np.ndarray, grades: np.ndarray | None) -> None:
         """Explicit ground truth as CSR over all queries (written whole; sizes are modest)."""

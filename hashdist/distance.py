@@ -90,7 +90,8 @@ def check_weights(weights, nbits: int, n_queries: int, name: str = "--bit-weight
 
 
 def check_scores(scores, nbits: int, n_queries: int, name: str = "--query-scores") -> np.ndarray:
-    """Real-valued query vectors as float32 (Q, B), finite."""
+    """Real-valued query vectors as float64 (Q, B), finite: kept as given (a float32 input exactly), so the
+    certified interval is the one of the ranking by these values."""
     y = np.asarray(scores)
     if y.dtype.kind != "f":
         raise InputError(f"{name}: query scores must be float32 or float64, got dtype {y.dtype}")
@@ -98,7 +99,7 @@ def check_scores(scores, nbits: int, n_queries: int, name: str = "--query-scores
         raise InputError(f"{name}: query scores must have shape ({n_queries}, {nbits}), got {y.shape}")
     if not np.isfinite(y).all():
         raise InputError(f"{name}: query scores contain NaN or infinity")
-    return np.ascontiguousarray(y, dtype=np.float32)
+    return np.ascontiguousarray(y, dtype=np.float64)
 
 
 def check_bins(bins) -> int:

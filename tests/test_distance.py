@@ -292,3 +292,14 @@ def test_mlgap_is_null_at_a_radius_that_is_not_an_integer(rule):
     plain = hashdist.evaluate_codes(qb, db, ql, dl, radius=(1,), empty_queries=rule)
     assert lgap["1"] == plain["metrics"]["mlgap_at_radius"]["1"]
     assert report["queries"]["evaluated"] == len(qb) - (rule == "exclude")
+
+
+def test_asymmetric_scores_are_not_rounded():
+    """Query scores are ranked as given: float64 values 4e-8 apart order the items as they do (float32 would
+    round them together and swap the two items), and the certified interval holds the real AP."""
+    y = np.array([[1 + 5e-8, 0.5, 0.5 + 4e-8]])
+    db = np.array([[1, 0, 0], [0, 1, 1]])  # distances -1e-8 (relevant) and +1e-8
+    report = hashdist.evaluate_codes(np.ones((1, 3), int), db, np.array([0]), np.array([0, 1]), query_scores=y,
+                                     distance_bins=2)
+    assert report["metrics"]["map"]["worst"] <= 1.0 <= report["metrics"]["map"]["best"]
+    assert report["metrics"]["map"]["expected"] == 1.0

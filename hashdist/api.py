@@ -239,10 +239,8 @@ def evaluate_local(dataset, *, cache=None, threads: int | None = None, progress:
 def evaluate(dataset, *, cache=None, threads: int | None = None, **options) -> dict:
     """Evaluate a dataset in this process and return the report dict.
 
-    Options: k, radius, beta, empty_queries ("exclude" or "zero"), relevance
-    ("class", "multilabel", "explicit"), max_grade, query_block_rows, db_block_rows,
-    hashtable (settings "KxL": L tables of K-bit substrings), conventions (names of published scripts whose
-    mAP@K to reproduce: deephash, hashnet, trec).
-    ``cache``: None or True for the per-user cache, False for none, or a directory.
+    Options: those of :func:`prepare` (k, radius, beta, empty_queries, relevance, max_grade, block rows,
+    hashtable, conventions, protocol, distance, bit_weights, distance_bins, code_parts), each the CLI
+    option of the same name. ``cache``: None or True for the per-user cache, False for none, or a directory.
     """
     return evaluate_local(dataset, cache=cache, threads=threads, **options).report

@@ -262,9 +262,9 @@ def evaluate_codes(query_codes, db_codes, query_labels=None, db_labels=None, *, 
 
     ``relevant`` replaces labels with explicit ground truth (a CSR triple or a list of index arrays per
     query, an empty one for none) unless ``relevance=`` picks the labels' kind; ``nbits`` means the codes
-    are packed ``numpy.packbits`` rows of that many bits. Options as for :func:`hashdist.evaluate`: k, radius,
-    beta, empty_queries, relevance, max_grade, hashtable, query_block_rows, db_block_rows, bit_weights,
-    distance_bins. ``query_scores``: rank by the asymmetric distance to these real-valued query vectors.
+    are packed ``numpy.packbits`` rows of that many bits. Options as for :func:`hashdist.evaluate` (those of
+    :func:`hashdist.api.prepare`). ``query_scores``: rank by the asymmetric distance to these real-valued query
+    vectors.
     Writes no files.
     """
     if (query_labels is None) != (db_labels is None):

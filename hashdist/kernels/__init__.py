@@ -3,6 +3,7 @@
 Bump KERNEL_VERSION whenever a kernel's output could change: block caches key on it.
 """
 
+import numpy as np
 from numba import njit
 from numba.extending import register_jitable
 
@@ -33,3 +34,11 @@ def jit_helper(func):
     once per literal value passed), and the flags of :func:`cached_njit` let one compilation serve every caller.
     """
     return register_jitable(nogil=True, no_cpython_wrapper=False)(func)
+
+
+@jit_helper
+def listed_in_block(indptr, indices, q, db_start, n):
+    """Explicit ground truth (CSR, indices sorted per query): the range p0:p1 of query q's listed items that
+    fall in the database block db_start:db_start + n."""
+    lo, hi = indptr[q], indptr[q + 1]
+    return (lo + np.searchsorted(indices[lo:hi], db_start), lo + np.searchsorted(indices[lo:hi], db_start + n))

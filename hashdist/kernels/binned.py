@@ -13,7 +13,7 @@ from numba import njit, types
 from numba.extending import overload
 
 from hashdist.distance import DistanceAxis, query_tables
-from hashdist.kernels import cached_njit
+from hashdist.kernels import cached_njit, listed_in_block
 from hashdist.kernels.histogram import n_grades
 from hashdist.kernels.popcount import common_bits
 
@@ -78,19 +78,16 @@ def _apply_explicit_binned(qc, dc, tables, offsets, xor, shift, first_bin, first
                            grades, max_grade, H):
     """Move each listed pair inside this database block from grade 0 to its grade, in its distance bin."""
     shared = tables.shape[0] == 1
-    N = dc.shape[0]
     for q in range(qc.shape[0]):
         table = tables[0] if shared else tables[q]
-        lo_p, hi_p = indptr[q], indptr[q + 1]
-        p = lo_p + np.searchsorted(indices[lo_p:hi_p], db_start)
-        while p < hi_p and indices[p] < db_start + N:
-            j = indices[p] - db_start
+        p0, p1 = listed_in_block(indptr, indices, q, db_start, dc.shape[0])
+        for p in range(p0, p1):
             g = min(grades[p], max_grade)
             if g > 0:
-                i = _bin(_distance(table, offsets[q], qc[q], dc[j], xor), shift, first_bin, first_cut, cuts)
+                d = _distance(table, offsets[q], qc[q], dc[indices[p] - db_start], xor)
+                i = _bin(d, shift, first_bin, first_cut, cuts)
                 H[q, i, 0] -= 1
                 H[q, i, g] += 1
-            p += 1
 
 
 def binned_histogram_block(

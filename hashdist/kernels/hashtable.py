@@ -18,7 +18,7 @@ from numba import njit, types
 from numba.extending import overload
 
 from hashdist.errors import InputError
-from hashdist.kernels import cached_njit
+from hashdist.kernels import cached_njit, listed_in_block
 from hashdist.kernels.popcount import common_bits
 
 _SPEC = re.compile(r"^\s*(\d+)\s*[xX]\s*(\d+)\s*$")
@@ -101,14 +101,11 @@ def _count(qk, dk, qr, dr, tp, retrieved):
 @cached_njit(nogil=True)
 def _count_explicit(qk, dk, db_start, indptr, indices, grades, tp):
     """TP from the listed pairs inside this database block that collide."""
-    N = dk.shape[0]
     for q in range(qk.shape[0]):
-        lo, hi = indptr[q], indptr[q + 1]
-        p = lo + np.searchsorted(indices[lo:hi], db_start)
-        while p < hi and indices[p] < db_start + N:
+        p0, p1 = listed_in_block(indptr, indices, q, db_start, dk.shape[0])
+        for p in range(p0, p1):
             if grades[p] >= 1 and _collide(qk[q], dk[indices[p] - db_start]):
                 tp[q] += 1
-            p += 1
 
 
 def hashtable_counts(

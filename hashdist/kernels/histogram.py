@@ -38,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hashdist.kernels import cached_njit
+from hashdist.kernels import cached_njit, listed_in_block
 from hashdist.kernels.distinct import distinct_rows
 from hashdist.kernels.popcount import hamming, target_popcount
 
@@ -351,18 +351,14 @@ def _grouped_kernel(words: int, label_words: int, capped: bool):
 @cached_njit(nogil=True)
 def _apply_explicit(qc, dc, db_start, indptr, indices, grades, max_grade, H):
     """Move each listed pair inside this database block from grade 0 to its grade."""
-    N = dc.shape[0]
     for q in range(qc.shape[0]):
-        lo, hi = indptr[q], indptr[q + 1]
-        p = lo + np.searchsorted(indices[lo:hi], db_start)
-        while p < hi and indices[p] < db_start + N:
-            j = indices[p] - db_start
+        p0, p1 = listed_in_block(indptr, indices, q, db_start, dc.shape[0])
+        for p in range(p0, p1):
             g = min(grades[p], max_grade)
             if g > 0:
-                d = hamming(qc[q], dc[j])
+                d = hamming(qc[q], dc[indices[p] - db_start])
                 H[q, d, 0] -= 1
                 H[q, d, g] += 1
-            p += 1
 
 
 def _as_int32_labels(query_labels, db_labels):

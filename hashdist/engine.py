@@ -33,9 +33,9 @@ from hashdist.kernels.binned import binned_histogram_block
 from hashdist.kernels.codecounts import (
     ball_lookup_table,
     code_counts,
-    code_parts,
     max_bucket_within,
     merge_code_counts,
+    split_by_code_hash,
 )
 from hashdist.kernels.collapse import auto_histogram_block, should_collapse
 from hashdist.kernels.hashtable import hashtable_counts
@@ -241,10 +241,11 @@ def count_codes(plan: Plan, blocks, parts: range, ds: Dataset | None = None) -> 
         words = ds.codes("database", d0, d1)
         if parts.start == 0:
             result.bit_ones = result.bit_ones + bit_ones_block(words, plan.nbits)
-        rows = code_parts(words, None, plan.code_parts)
+        rows = split_by_code_hash(words, None, plan.code_parts)
         mine = np.concatenate([rows[p][0] for p in parts])
         codes, counts = code_counts(mine)
-        for p, piece in zip(parts, code_parts(codes, counts, plan.code_parts)[parts.start : parts.stop], strict=True):
+        by_part = split_by_code_hash(codes, counts, plan.code_parts)[parts.start : parts.stop]
+        for p, piece in zip(parts, by_part, strict=True):
             result.pieces[p].append(piece)
     result.pieces = {p: [merge_code_counts(pieces)] if pieces else [] for p, pieces in result.pieces.items()}
     return result

@@ -32,7 +32,7 @@ def code_counts(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.ascontiguousarray(unique), counts.astype(np.int64)
 
 
-def code_parts(codes: np.ndarray, counts: np.ndarray | None, parts: int) -> list[tuple[np.ndarray, np.ndarray]]:
+def split_by_code_hash(codes: np.ndarray, counts: np.ndarray | None, parts: int) -> list[tuple[np.ndarray, np.ndarray]]:
     """Code rows (with their counts, if any) split into ``parts`` pieces by a hash of the code: a code's part
     never depends on the chunk it came from."""
     codes = np.ascontiguousarray(codes, dtype=np.uint64)
@@ -42,12 +42,12 @@ def code_parts(codes: np.ndarray, counts: np.ndarray | None, parts: int) -> list
             for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
 
 
-def merge_code_counts(parts) -> tuple[np.ndarray, np.ndarray]:
-    """Sum code counts from several chunks (exact, order-independent result: codes sorted by word); ``parts``
-    is not empty."""
-    parts = list(parts)
-    codes = np.concatenate([p[0] for p in parts])
-    counts = np.concatenate([p[1] for p in parts]).astype(np.int64, copy=False)
+def merge_code_counts(pieces) -> tuple[np.ndarray, np.ndarray]:
+    """Sum the (codes, counts) pieces of several chunks (exact, order-independent result: codes sorted by
+    word); ``pieces`` is not empty."""
+    pieces = list(pieces)
+    codes = np.concatenate([p[0] for p in pieces])
+    counts = np.concatenate([p[1] for p in pieces]).astype(np.int64, copy=False)
     if codes.shape[0] == 0:
         return codes, counts
     order = np.lexsort(codes.T[::-1])  # first word most significant, as np.unique(axis=0)

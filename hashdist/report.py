@@ -10,8 +10,10 @@ import html
 import json
 import math
 import subprocess
+from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -91,7 +93,7 @@ def _in_distance(text: str, report: dict) -> str:
 
 # where the report shows each measure of the registry: a row of the ranking table (order-dependent ones, over
 # every value but the grid of cut-offs N), a row of the order-free table, a row per radius or hashtable setting,
-# or only a figure of plots()
+# or only a figure of FIGURES
 PLOTTED = ("precision_at_n", "recall_at_n", "pr_curve", "pr_curve_by_rank")
 
 
@@ -174,37 +176,27 @@ def format_table(report: dict) -> str:
 # -- HTML ----------------------------------------------------------------------
 
 
-def plots(report: dict, per_query: dict, bucket_sizes: np.ndarray) -> dict[str, str]:
-    """Base64 PNGs: PR curve, P/R against radius, P/R against N, PR curve by rank, AP distribution, mAP interval,
-    code usage."""
-    import matplotlib
+def _pr_points(plt, curve, label):
+    """A PR curve, labelling points (label(p)) where it has moved visibly since the last label."""
+    fig, ax = plt.subplots(figsize=(5, 4))
+    ax.plot([p["recall"] for p in curve], [p["precision"] for p in curve], marker="o", ms=3)
+    last = None
+    for p in curve:
+        if last is None or abs(p["recall"] - last[0]) + abs(p["precision"] - last[1]) > 0.06:
+            ax.annotate(label(p), (p["recall"], p["precision"]), fontsize=7, xytext=(3, 3), textcoords="offset points")
+            last = (p["recall"], p["precision"])
+    return fig, ax
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    m = report["metrics"]
-    out = {}
+def _pr_curve(plt, report, per_query, bucket_sizes):
+    fig, ax = _pr_points(plt, report["metrics"]["pr_curve"], lambda p: f"r={p['radius']:.4g}")
+    ax.set(xlabel="recall (micro)", ylabel="precision (micro)",
+           title=_in_distance("PR curve (labels: Hamming radius)", report), xlim=(0, 1.02), ylim=(0, 1.02))
+    return fig
+
+
+def _radius(plt, report, per_query, bucket_sizes):
     evaluated = per_query["relevant"] > 0
-    figs = {}
-
-    def pr_plot(curve, label):
-        """A PR curve, labelling points (label(p)) where it has moved visibly since the last label."""
-        fig, ax = plt.subplots(figsize=(5, 4))
-        ax.plot([p["recall"] for p in curve], [p["precision"] for p in curve], marker="o", ms=3)
-        last = None
-        for p in curve:
-            if last is None or abs(p["recall"] - last[0]) + abs(p["precision"] - last[1]) > 0.06:
-                ax.annotate(label(p), (p["recall"], p["precision"]), fontsize=7, xytext=(3, 3),
-                            textcoords="offset points")
-                last = (p["recall"], p["precision"])
-        return fig, ax
-
-    fig, ax = pr_plot(m["pr_curve"], lambda p: f"r={p['radius']:.4g}")
-    ax.set(xlabel="recall (micro)", ylabel="precision (micro)", title=_in_distance("PR curve (labels: Hamming radius)",
-                                                                                    report),
-           xlim=(0, 1.02), ylim=(0, 1.02))
-    figs["pr_curve"] = fig
-
     tp, size = per_query["tp_at_radius"][evaluated], per_query["retrieved_at_radius"][evaluated]
     R = per_query["relevant"][evaluated]
     # the columns' radii: 0..B, or a binned distance's upper bin edges
@@ -219,8 +211,11 @@ def plots(report: dict, per_query: dict, bucket_sizes: np.ndarray) -> dict[str, 
     ax.set(xlabel="Hamming radius r" if distance == "Hamming distance" else f"radius r ({distance})", ylabel="value",
            title="precision and recall against radius", ylim=(0, 1.02))
     ax.legend()
-    figs["radius"] = fig
+    return fig
 
+
+def _precision_at_n(plt, report, per_query, bucket_sizes):
+    m = report["metrics"]
     cutoffs = [int(n) for n in m["precision_at_n"]]
     fig, ax = plt.subplots(figsize=(5, 4))
     for key, name in (("precision_at_n", "P@N"), ("recall_at_n", "R@N")):
@@ -231,28 +226,36 @@ def plots(report: dict, per_query: dict, bucket_sizes: np.ndarray) -> dict[str, 
     ax.set(xscale="log", xlabel="cut-off N (top N of the Hamming ranking)", ylabel="value (macro)",
            title="precision and recall against N", ylim=(0, 1.02))
     ax.legend(fontsize=8)
-    figs["precision_at_n"] = fig
+    return fig
 
-    fig, ax = pr_plot(m["pr_curve_by_rank"], lambda p: f"N={p['n']}")
+
+def _pr_curve_by_rank(plt, report, per_query, bucket_sizes):
+    fig, ax = _pr_points(plt, report["metrics"]["pr_curve_by_rank"], lambda p: f"N={p['n']}")
     ax.set(xlabel="recall R@N (macro, expected)", ylabel="precision P@N (macro, expected)",
            title="PR curve by rank (labels: cut-off N)", xlim=(0, 1.02), ylim=(0, 1.02))
-    figs["pr_curve_by_rank"] = fig
+    return fig
 
+
+def _ap_distribution(plt, report, per_query, bucket_sizes):
     fig, ax = plt.subplots(figsize=(5, 4))
-    ap = per_query[AP_EXPECTED][evaluated]
+    ap = per_query[AP_EXPECTED][per_query["relevant"] > 0]
     counts, edges = np.histogram(ap[~np.isnan(ap)], bins=40, range=(0, 1))
     ax.stairs(counts, edges, fill=True)  # one artist, where ax.hist draws a patch per bar (0.06 s more)
     ax.set(xlabel="AP (expected over tie orders)", ylabel="queries", title="AP distribution")
-    figs["ap_distribution"] = fig
+    return fig
 
+
+def _map_interval(plt, report, per_query, bucket_sizes):
     fig, ax = plt.subplots(figsize=(5, 2.2))
-    mp = m["map"]
+    mp = report["metrics"]["map"]
     ax.hlines(0, mp["worst"], mp["best"], lw=6, color="lightsteelblue")
     ax.plot([mp["expected"]], [0], "o", color="navy")
     ax.set(yticks=[], xlabel="mAP", title=f"mAP tie interval: worst {mp['worst']:.4f}, expected "
            f"{mp['expected']:.4f}, best {mp['best']:.4f}")
-    figs["map_interval"] = fig
+    return fig
 
+
+def _code_usage(plt, report, per_query, bucket_sizes):
     fig, ax = plt.subplots(figsize=(5, 4))
     # the rank-size steps, one point per run of equal bucket sizes (not one per distinct code)
     ranks, sizes = rank_size_steps(bucket_sizes)
@@ -260,33 +263,53 @@ def plots(report: dict, per_query: dict, bucket_sizes: np.ndarray) -> dict[str, 
     log_count_axes(ax, ranks[-1], sizes[0])
     ax.set(xlabel="distinct codes, most used first", ylabel="database items with the code",
            title=f"code usage: {int(np.asarray(bucket_sizes)[:, 1].sum())} distinct codes")
-    figs["code_usage"] = fig
+    return fig
 
-    for name, fig in figs.items():
+
+class Figure(NamedTuple):
+    draw: Callable  # (pyplot, report, per_query, bucket_sizes) -> a matplotlib figure
+    caption: str  # written for Hamming distances; the page says the report's distance (_in_distance)
+
+
+# the report's figures, in page order
+FIGURES = {
+    "pr_curve": Figure(_pr_curve, "Micro precision-recall curve over Hamming radii 0..B: TP, FP and FN summed over "
+                       "the evaluated queries at each radius (labels: radius r). The curve does not depend on how "
+                       "ties are ordered."),
+    "radius": Figure(_radius, "Macro precision P@r and recall R@r of the items within Hamming radius r, averaged "
+                     "over the evaluated queries (P@r = 0 for a query whose radius-r ball is empty)."),
+    "precision_at_n": Figure(_precision_at_n, "Precision P@N and recall R@N of the top N items of the Hamming "
+                             "ranking against the cut-off N (log scale; N = 1, 2, 5, 10, ... up to the database "
+                             "size, and every K), averaged over the evaluated queries: lines expected over all "
+                             "orders of tied items, bands from the worst to the best tie order."),
+    "pr_curve_by_rank": Figure(_pr_curve_by_rank, "Precision-recall curve by rank: the points (R@N, P@N) over the "
+                               "same cut-offs N (labels: N), each expected over all orders of tied items and "
+                               "averaged over the evaluated queries (macro), as DeepHash-style evaluation code "
+                               "draws it."),
+    "ap_distribution": Figure(_ap_distribution, "Distribution of per-query average precision over the full Hamming "
+                              "ranking, expected over all orders of items tied at one distance."),
+    "map_interval": Figure(_map_interval, "mAP under ties: any tie-breaking rule gives a value between worst "
+                           "(relevant items last in each tie group) and best (first); expected is the exact mean "
+                           "over all tie orders."),
+    "code_usage": Figure(_code_usage, "How the database fills the code space: items per distinct code, most used "
+                         "code first (log-log). A steep head means many items collapsed onto few codes (the mLGAP "
+                         "paper's Fig. 1)."),
+}
+
+
+def plots(report: dict, per_query: dict, bucket_sizes: np.ndarray) -> dict[str, str]:
+    """Every figure of :data:`FIGURES` as a base64 PNG, by name."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = {}
+    for name, figure in FIGURES.items():
+        fig = figure.draw(plt, report, per_query, bucket_sizes)
         out[name] = png(fig)
         plt.close(fig)
     return out
-
-
-CAPTIONS = {
-    "pr_curve": "Micro precision-recall curve over Hamming radii 0..B: TP, FP and FN summed over the evaluated "
-                "queries at each radius (labels: radius r). The curve does not depend on how ties are ordered.",
-    "radius": "Macro precision P@r and recall R@r of the items within Hamming radius r, averaged over the evaluated "
-              "queries (P@r = 0 for a query whose radius-r ball is empty).",
-    "precision_at_n": "Precision P@N and recall R@N of the top N items of the Hamming ranking against the cut-off N "
-                      "(log scale; N = 1, 2, 5, 10, ... up to the database size, and every K), averaged over the "
-                      "evaluated queries: lines expected over all orders of tied items, bands from the worst to the "
-                      "best tie order.",
-    "pr_curve_by_rank": "Precision-recall curve by rank: the points (R@N, P@N) over the same cut-offs N (labels: N), "
-                        "each expected over all orders of tied items and averaged over the evaluated queries (macro), "
-                        "as DeepHash-style evaluation code draws it.",
-    "ap_distribution": "Distribution of per-query average precision over the full Hamming ranking, expected over "
-                       "all orders of items tied at one distance.",
-    "map_interval": "mAP under ties: any tie-breaking rule gives a value between worst (relevant items last in "
-                    "each tie group) and best (first); expected is the exact mean over all tie orders.",
-    "code_usage": "How the database fills the code space: items per distinct code, most used code first (log-log). "
-                  "A steep head means many items collapsed onto few codes (the mLGAP paper's Fig. 1).",
-}
 
 
 # what a label's parameter stands for in the definitions: "mAP@{}" is mAP@K, "P@N={}" is P@N
@@ -313,7 +336,8 @@ def render_html(report: dict, images: dict[str, str]) -> str:
     )
     body = "".join(html_table(caption, header, rows, f"table-{i}")
                    for i, (caption, header, rows) in enumerate(tables(report)))
-    figures = "".join(html_figure(name, data, _in_distance(CAPTIONS[name], report)) for name, data in images.items())
+    figures = "".join(html_figure(name, data, _in_distance(FIGURES[name].caption, report))
+                      for name, data in images.items())
     glossary = html_definitions(definitions(report))
     return page("hashdist report", f"{head}<h2>Metrics</h2>{body}<h2>Plots</h2>{figures}<h2>Definitions</h2>{glossary}")
 

@@ -21,7 +21,7 @@ from hashdist.metrics import POLICIES, average_precision, average_precision_at_k
 from hashdist.metrics.ranking import average_precision_at_radius, cutoff_grid
 from hashdist.metrics.registry import BY_KEY, per_query_key
 from hashdist.metrics.summary import EMPTY_QUERY_RULES, MetricParams, aggregate, per_query_metrics
-from hashdist.report import CAPTIONS, plots, tables
+from hashdist.report import FIGURES, plots, tables
 
 BITS = (1, 4, 12, 65)
 
@@ -222,7 +222,7 @@ def test_report_plots_and_tables_show_the_curves(reports):
     names = list(images)
     assert names[names.index("radius") + 1 : names.index("radius") + 3] == ["precision_at_n", "pr_curve_by_rank"]
     for name in ("precision_at_n", "pr_curve_by_rank"):
-        assert images[name] and "expected" in CAPTIONS[name] and "evaluated queries" in CAPTIONS[name]
+        assert images[name] and "expected" in FIGURES[name].caption and "evaluated queries" in FIGURES[name].caption
     ranked, _, radius = (t for t in tables(ev.report) if not t[0].startswith("Hashtable"))
     labels = [row[0] for row in ranked[2]]
     assert "mAP@r=65" in labels and not any(label.startswith(("P@N", "R@N")) for label in labels)  # plotted

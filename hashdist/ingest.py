@@ -25,7 +25,7 @@ from hashdist.bits import (
 from hashdist.dataset import MAX_NBITS, DatasetWriter
 from hashdist.defaults import DEFAULT_CHUNK_ROWS, DEFAULT_QUERY_CHUNK_ROWS
 from hashdist.distance import check_scores
-from hashdist.errors import InputError, is_integer
+from hashdist.errors import InputError, check_integer, is_integer
 
 
 def _npy_dtype(path) -> np.dtype | None:
@@ -219,80 +219,85 @@ def ingest(
                   query_scores=query_scores)
     _check_paths(**inputs)
     check_apart(out, inputs.values())
-    if chunk_rows < 1 or query_chunk_rows < 1:
-        raise InputError("--chunk-rows must be a positive integer")
-    db, qs = load_array(db_codes), load_array(query_codes)
-    b_db = _code_width(db, db_codes, packed, nbits)
-    b_q = _code_width(qs, query_codes, packed, nbits)
+    check_integer(chunk_rows, "--chunk-rows")
+    check_integer(query_chunk_rows, "--query-chunk-rows")
+    codes = {"database": (load_array(db_codes), db_codes), "queries": (load_array(query_codes), query_codes)}
+    b_db = _code_width(*codes["database"], packed, nbits)
+    b_q = _code_width(*codes["queries"], packed, nbits)
     if b_db != b_q:
         raise InputError(f"{query_codes}: queries have {b_q} bits but the database codes {db_codes} have {b_db}")
-    kinds: list[str] = []
-    labels = {}
-    if (db_labels is None) != (query_labels is None):
-        raise InputError("--db-labels and --query-labels must be given together")
-    if db_labels is not None:
-        dl, ql = load_array(db_labels), load_array(query_labels)
-        kind = label_kind(dl, db_labels)
-        if label_kind(ql, query_labels) != kind or dl.shape[1:] != ql.shape[1:]:
-            raise InputError(f"{query_labels}: labels of shape {ql.shape} do not match {db_labels} of shape {dl.shape}")
-        for arr, codes, path, codes_path in ((dl, db, db_labels, db_codes), (ql, qs, query_labels, query_codes)):
-            if arr.shape[0] != codes.shape[0]:
-                raise InputError(f"{path}: {arr.shape[0]} labels but {codes.shape[0]} codes in {codes_path}")
-        kinds.append(kind)
-        labels = {"database": (dl, db_labels, kind), "queries": (ql, query_labels, kind)}
-    features = {}
-    if (db_features is None) != (query_features is None):
-        raise InputError("--db-features and --query-features must be given together")
-    if db_features is not None:
-        df, qf = load_array(db_features), load_array(query_features)
-        _check_features(df, db_features, db, db_codes)
-        _check_features(qf, query_features, qs, query_codes)
-        if qf.shape[1] != df.shape[1]:
-            raise InputError(
-                f"{query_features}: queries have {qf.shape[1]} feature dimensions but {db_features} has {df.shape[1]}"
-            )
-        features = {"database": (df, db_features), "queries": (qf, query_features)}
-    if not kinds and not features and query_relevant is None:
+    labels = _load_pair(codes, db_labels, query_labels, "labels", _check_label_pair)
+    features = _load_pair(codes, db_features, query_features, "features", _check_feature_pair)
+    if not labels and not features and query_relevant is None:
         raise InputError("no relevance information: give --db-labels and --query-labels, --query-relevant, "
                          "or --db-features and --query-features (for hashdist groundtruth)")
-    scores = None
-    if query_scores is not None:
-        scores = check_scores(load_array(query_scores), b_q, qs.shape[0], str(query_scores))
-    csr = None
-    if query_relevant is not None:
-        csr = load_relevant(query_relevant, qs.shape[0], db.shape[0])
-        kinds.append("explicit")
-    if relevance is not None:
-        if relevance not in kinds:
-            have = ", ".join(kinds) or "no relevance data"
-            raise InputError(f"--relevance {relevance}: the inputs provide {have}")
-        kinds.remove(relevance)
-        kinds.insert(0, relevance)
+    n_queries, n_database = codes["queries"][0].shape[0], codes["database"][0].shape[0]
+    scores = None if query_scores is None else check_scores(load_array(query_scores), b_q, n_queries,
+                                                            str(query_scores))
+    csr = None if query_relevant is None else load_relevant(query_relevant, n_queries, n_database)
+    kinds = _relevance_kinds(labels["database"][2] if labels else None, csr is not None, relevance)
     n_labels = labels["database"][0].shape[1] if "multilabel" in kinds else 0
-    with DatasetWriter(
-        out,
-        nbits=b_db,
-        relevance=tuple(kinds),
-        n_labels=n_labels,
-        chunk_rows=chunk_rows,
-        query_chunk_rows=query_chunk_rows,
-        overwrite=overwrite,
-    ) as writer:
-        for part, arr, path in (("database", db, db_codes), ("queries", qs, query_codes)):
+    with DatasetWriter(out, nbits=b_db, relevance=kinds, n_labels=n_labels, chunk_rows=chunk_rows,
+                       query_chunk_rows=query_chunk_rows, overwrite=overwrite) as writer:
+        for part in ("database", "queries"):
             rows = writer.chunk_rows[part]
-            for words in _code_blocks(arr, path, packed, b_db, rows):
+            for words in _code_blocks(*codes[part], packed, b_db, rows):
                 writer.add_codes(part, words)
-            if labels:
-                for block in _label_blocks(*labels[part], rows):
-                    writer.add_labels(part, block)
-            if features:
-                for block in _feature_blocks(*features[part], rows):
-                    writer.add_features(part, block)
+            for block in _label_blocks(*labels[part], rows) if labels else ():
+                writer.add_labels(part, block)
+            for block in _feature_blocks(*features[part], rows) if features else ():
+                writer.add_features(part, block)
         if csr is not None:
             writer.add_relevant(*csr)
         if scores is not None:
             writer.add_scores(scores)
     return str(out)
+
+
+def _load_pair(codes: dict, db_path, query_path, what: str, check) -> dict:
+    """The database's and the queries' arrays of one kind (labels, features), checked against each other and
+    against their codes by ``check``: {part: (array, path, *what check adds)}; {} when neither is given."""
+    if (db_path is None) != (query_path is None):
+        raise InputError(f"--db-{what} and --query-{what} must be given together")
+    if db_path is None:
+        return {}
+    loaded = {"database": (load_array(db_path), db_path), "queries": (load_array(query_path), query_path)}
+    extra = check(loaded, codes)
+    return {part: (*loaded[part], *extra) for part in loaded}
+
+
+def _check_label_pair(labels: dict, codes: dict) -> tuple[str]:
+    (dl, db_labels), (ql, query_labels) = labels["database"], labels["queries"]
+    kind = label_kind(dl, db_labels)
+    if label_kind(ql, query_labels) != kind or dl.shape[1:] != ql.shape[1:]:
+        raise InputError(f"{query_labels}: labels of shape {ql.shape} do not match {db_labels} of shape {dl.shape}")
+    for part in labels:
+        (arr, path), (words, codes_path) = labels[part], codes[part]
+        if arr.shape[0] != words.shape[0]:
+            raise InputError(f"{path}: {arr.shape[0]} labels but {words.shape[0]} codes in {codes_path}")
+    return (kind,)
+
+
+def _check_feature_pair(features: dict, codes: dict) -> tuple:
+    for part in features:
+        _check_features(*features[part], *codes[part])
+    (df, db_features), (qf, query_features) = features["database"], features["queries"]
+    if qf.shape[1] != df.shape[1]:
+        raise InputError(f"{query_features}: queries have {qf.shape[1]} feature dimensions but {db_features} has "
+                         f"{df.shape[1]}")
+    return ()
+
+
+def _relevance_kinds(labels: str | None, explicit: bool, relevance: str | None) -> tuple[str, ...]:
+    """The relevance kinds the inputs support (the labels' kind, explicit ground truth), ``relevance`` (the
+    default kind) first."""
+    kinds = ([labels] if labels else []) + (["explicit"] if explicit else [])
+    if relevance is not None:
+        if relevance not in kinds:
+            raise InputError(f"--relevance {relevance}: the inputs provide {', '.join(kinds) or 'no relevance data'}")
+        kinds.remove(relevance)
+        kinds.insert(0, relevance)
+    return tuple(kinds)
 
 
 def _check_append_labels(arr, path, ds) -> str:

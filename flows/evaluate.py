@@ -42,7 +42,7 @@ from prefect.context import FlowRunContext
 from prefect.states import State
 
 from flows.history import drop_state, watch
-from flows.runtime import TASK_OPTIONS, cluster_threads, task_runner, workers_in_this_process
+from flows.runtime import TASK_OPTIONS, api_for_workers, cluster_threads, task_runner, workers_in_this_process
 from hashdist import precompile
 from hashdist.api import Evaluation, build_report, prepare
 from hashdist.cache import resolve_cache
@@ -318,7 +318,8 @@ def run_evaluation(dataset, *, out=None, overwrite=False, html=True, cache=None,
         check_history_dir(history)  # a path that is not a history store fails here, before the run
     cache = cache if cache is None or cache is False else str(cache)
     runner = task_runner(address, cluster_class, cluster_kwargs, workers, threads)
-    return evaluate.with_options(task_runner=runner)(
-        dataset=str(dataset), out=None if out is None else str(out), overwrite=overwrite, html=html, cache=cache,
-        progress=progress, started_at=started_at, history=None if history is None else str(history), **options,
-    )
+    with api_for_workers(address, cluster_class, cluster_kwargs):
+        return evaluate.with_options(task_runner=runner)(
+            dataset=str(dataset), out=None if out is None else str(out), overwrite=overwrite, html=html, cache=cache,
+            progress=progress, started_at=started_at, history=None if history is None else str(history), **options,
+        )

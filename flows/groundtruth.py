@@ -13,7 +13,7 @@ import time
 from prefect import flow, task
 from prefect.futures import as_completed
 
-from flows.runtime import TASK_OPTIONS, task_runner
+from flows.runtime import TASK_OPTIONS, api_for_workers, task_runner
 from hashdist import groundtruth as gt
 from hashdist.cache import resolve_cache
 from hashdist.progress import progress_bar
@@ -69,4 +69,6 @@ def run_groundtruth(dataset, *, cache=None, address=None, cluster_class=None, cl
     gt.prepare(dataset, **options)
     cache = cache if cache is None or cache is False else str(cache)
     runner = task_runner(address, cluster_class, cluster_kwargs, workers, threads)
-    return groundtruth.with_options(task_runner=runner)(dataset=str(dataset), cache=cache, progress=progress, **options)
+    with api_for_workers(address, cluster_class, cluster_kwargs):
+        return groundtruth.with_options(task_runner=runner)(dataset=str(dataset), cache=cache, progress=progress,
+                                                            **options)

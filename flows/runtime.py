@@ -252,6 +252,31 @@ class _ErrorsHeld(logging.Filter):
         return True
 
 
+_WORKERS_API: TemporaryAPIServer | None = None  # see api_for_workers
+
+
+@contextlib.contextmanager
+def api_for_workers(address=None, cluster_class=None, cluster_kwargs=None):
+    """For a flow run started from Python: a Prefect API that its workers in other processes can report to.
+
+    With $PREFECT_API_URL set, that one; on workers in this process, Prefect's own temporary server in this
+    process. Workers elsewhere (``address``, ``cluster_class``, their $HASHDIST_* variables, or worker processes
+    through ``cluster_kwargs``) cannot reach that one, and each would start a server of its own that stays with
+    the worker: they get hashdist's temporary server (flows.apiserver), started at the first such run and
+    ended with this process, as Prefect's own. (The command line starts that server itself.)"""
+    global _WORKERS_API
+    kwargs = cluster_kwargs if cluster_kwargs is not None else environment_cluster_kwargs() or {}
+    elsewhere = (address or cluster_class or os.environ.get("HASHDIST_DASK_ADDRESS")
+                 or os.environ.get("HASHDIST_CLUSTER_CLASS") or kwargs.get("processes"))
+    if PREFECT_API_URL.value() or not elsewhere:
+        yield
+        return
+    if _WORKERS_API is None or _WORKERS_API.process.poll() is not None:
+        _WORKERS_API = TemporaryAPIServer()
+    with temporary_settings(updates={PREFECT_API_URL: _WORKERS_API.api_url}):
+        yield
+
+
 def task_runner(address=None, cluster_class=None, cluster_kwargs=None, workers=None, threads=None) -> DaskTaskRunner:
     """An existing cluster (address), a per-run cluster (cluster_class), or the embedded LocalCluster of threads.
 

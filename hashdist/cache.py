@@ -43,9 +43,9 @@ class BlockCache:
 
     @property
     def argument(self) -> str | bool:
-        """This cache as a task's argument: its directory (resolved here, so every worker uses the same one) or
-        False for none; :func:`resolve_cache` of it gives this cache back."""
-        return False if self.directory is None else str(self.directory)
+        """This cache as a task's argument: its absolute directory (resolved here, so every worker uses the same
+        one, whatever its working directory) or False for none; :func:`resolve_cache` of it gives this cache back."""
+        return False if self.directory is None else str(self.directory.absolute())
 
     def _path(self, key: str) -> Path:
         return self.directory / key[:2] / f"{key}.npz"

@@ -64,6 +64,12 @@ def _local_path(url: str) -> Path:
     return Path(str(url).removeprefix("file://"))
 
 
+def task_url(url: str) -> str:
+    """Where tasks open the dataset ``url``: a local path made absolute, since a cluster's workers run in
+    other working directories (on the same file system); other URLs as they are."""
+    return str(_local_path(url).absolute()) if _is_local(url) else str(url)
+
+
 def chunk_digest(block: np.ndarray) -> str:
     """SHA-256 of one chunk's rows, including dtype and shape."""
     block = np.ascontiguousarray(block)

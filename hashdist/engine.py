@@ -24,7 +24,7 @@ from hashdist import precompile
 from hashdist.blocks import Block, block_rows, row_ranges, split_by_pairs
 from hashdist.cache import BlockCache
 from hashdist.codeusage import bit_ones_block, bucket_sizes, code_usage, merge_bucket_sizes
-from hashdist.dataset import Dataset, combine_digests, open_dataset
+from hashdist.dataset import Dataset, combine_digests, open_dataset, task_url
 from hashdist.defaults import DEFAULT_DB_BLOCK_ROWS, DEFAULT_QUERY_BLOCK_ROWS
 from hashdist.distance import DistanceAxis
 from hashdist.errors import InputError, check_integer
@@ -140,8 +140,8 @@ def make_plan(
         for (q0, q1) in query_blocks
         for (d0, d1) in db_blocks
     )
-    return Plan(ds.url, ds.nbits, relevance, largest_grade, max_radius, qrows, drows, tuple(query_blocks), hist,
-                tuple(db_blocks), tuple(hashtables), distance, code_parts)
+    return Plan(task_url(ds.url), ds.nbits, relevance, largest_grade, max_radius, qrows, drows, tuple(query_blocks),
+                hist, tuple(db_blocks), tuple(hashtables), distance, code_parts)
 
 
 def for_threads(plan: Plan, threads: int) -> Plan:

@@ -44,7 +44,15 @@ from threadpoolctl import threadpool_limits
 
 from hashdist.blocks import Block, block_rows, row_ranges
 from hashdist.cache import BlockCache, resolve_cache
-from hashdist.dataset import FEATURES, Dataset, chunk_digest, combine_digests, open_dataset, replace_relevant
+from hashdist.dataset import (
+    FEATURES,
+    Dataset,
+    chunk_digest,
+    combine_digests,
+    open_dataset,
+    replace_relevant,
+    task_url,
+)
 from hashdist.defaults import DEFAULT_DB_BLOCK_ROWS, GROUNDTRUTH_QUERY_BLOCK_ROWS
 from hashdist.errors import InputError, check_integer, check_number
 from hashdist.progress import progress_bar
@@ -206,7 +214,8 @@ def make_sweep(ds: Dataset, params: Params, kind: str, *, sample=None, sample_fe
         for q0, q1 in query_blocks
         for d0, d1 in db_blocks
     )
-    return Sweep(ds.url, kind, dtype, tuple(query_blocks), len(db_blocks), blocks, sample, sample_features, k, lo, hi)
+    return Sweep(task_url(ds.url), kind, dtype, tuple(query_blocks), len(db_blocks), blocks, sample, sample_features,
+                 k, lo, hi)
 
 
 def _read_features(ds: Dataset, name: str, start: int, stop: int) -> np.ndarray:

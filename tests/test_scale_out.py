@@ -39,6 +39,19 @@ def test_loopback_cluster_is_bit_identical_for_any_code_parts_and_blocks(
     assert remote.report["code_usage"]["max_bucket"] > 1  # the codes collide: M_k is not trivially 1
 
 
+def test_a_relative_dataset_path_reaches_workers_in_another_directory(class_dataset, loopback_cluster, monkeypatch):
+    """The workers were started in another working directory: tasks open the dataset by its absolute path."""
+    from pathlib import Path
+
+    from flows.evaluate import run_evaluation
+
+    address, _ = loopback_cluster
+    monkeypatch.chdir(Path(class_dataset).parent)
+    remote = run_evaluation(Path(class_dataset).name, cache=False, address=address)
+    _same(remote, evaluate_local(class_dataset, cache=False))
+    assert remote.report["dataset"]["path"] == Path(class_dataset).name  # the report names it as given
+
+
 def test_multilabel_on_the_embedded_cluster_with_many_parts(multilabel_dataset):
     from flows.evaluate import run_evaluation
 
@@ -115,3 +128,28 @@ def test_loopback_cluster_and_deploy_script_listen_on_loopback_only(tmp_path, lo
     finally:
         os.killpg(script.pid, signal.SIGTERM)
         script.wait(timeout=60)
+
+
+def test_a_python_run_on_an_existing_cluster_gives_its_workers_an_api(tmp_path, class_dataset):
+    """run_evaluation from Python, no $PREFECT_API_URL anywhere, on workers in other processes: they report to
+    the API the run gives them (hashdist's temporary server, gone with the Python process) and start no Prefect
+    server of their own; a relative --cache path is the caller's directory, not the workers'."""
+    import psutil
+
+    from tests.conftest import loopback_dask
+
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    script = ("import sys; from flows.evaluate import run_evaluation; "
+              "ev = run_evaluation(sys.argv[1], address=sys.argv[2], cache='cache'); "
+              "print(ev.report['metrics']['map']['expected'])")
+    with loopback_dask(env) as (address, procs):
+        done = subprocess.run([str(BIN / "python"), "-c", script, class_dataset, address], env=env, cwd=tmp_path,
+                              capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+        workers = [psutil.Process(p.pid) for p in procs[1:]]
+        servers = [c.cmdline() for w in workers for c in w.children(recursive=True)
+                   if any("uvicorn" in part or "prefect" in part for part in c.cmdline())]
+        assert not servers  # no Prefect server of their own
+    local = evaluate_local(class_dataset, cache=False)
+    assert float(done.stdout.split()[-1]) == local.report["metrics"]["map"]["expected"]
+    assert any((tmp_path / "cache").rglob("*.npz"))  # the blocks went to the caller's cache directory

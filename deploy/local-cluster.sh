@@ -11,6 +11,10 @@ workers=${1:-2}
 port=${2:-8786}
 threads=${THREADS_PER_WORKER:-1}
 bin=$(dirname "$(command -v dask || echo ./.venv/bin/dask)")
+if [ ! -x "$bin/dask" ]; then
+  echo "local-cluster.sh: no dask command on PATH or in ./.venv/bin (run it from the repository root after the install)" >&2
+  exit 2
+fi
 pids=()
 trap 'kill "${pids[@]}" 2>/dev/null || true; wait' EXIT INT TERM
 # --dashboard-address: the HTTP server that runs even with --no-dashboard, on loopback too

@@ -769,8 +769,10 @@ def main(argv=None, server=None, collector_paused: bool = False) -> int:
             sys.stderr.write(f"{exc.message}\n")
             return 3
         except InputError as exc:
-            if args.debug:
-                raise
+            if args.debug:  # the traceback, then the same line and exit status
+                import traceback
+
+                traceback.print_exc()
             sys.stderr.write(f"hashdist {args.command}: error: {exc}\n")
             return exc.exit_status
         except BaseException as exc:

@@ -69,7 +69,8 @@ class DistanceAxis:
 
     def summary(self) -> dict:
         """The report's account of the distance; ``upper_edges``: each bin's upper edge, the distance at which
-        per_query.zarr's columns over bins (tp_at_radius, retrieved_at_radius) are counted."""
+        the per-query counts over bins (tp_at_radius, retrieved_at_radius: the PR curve, the radius figure) are
+        taken."""
         return {"kind": self.kind, "bins": self.bins, "bins_used": self.n_bins, "edges_rule": self.rule,
                 "exact": self.exact, "upper_edges": self.upper.tolist()}
 

@@ -455,8 +455,13 @@ def _compute(ds: Dataset, params: Params, run_sweep) -> GroundTruth:
     return GroundTruth(indptr, indices, record)
 
 
-def write(ds: Dataset, gt: GroundTruth) -> Dataset:
-    """Store the CSR as ``queries/relevant`` (replacing any previous one) and record how it was made."""
+def write(dataset, gt: GroundTruth) -> Dataset:
+    """Store the CSR as ``queries/relevant`` of ``dataset`` (a path, URL or open Dataset), replacing any previous
+    one, and record how it was made; refuses ground truth computed from other features."""
+    ds = dataset if isinstance(dataset, Dataset) else open_dataset(dataset)
+    features = {name: ds.fingerprints[name].digest for name in FEATURES if name in ds.fingerprints}
+    if gt.record.get("features") != features:
+        raise InputError(f"{ds.url}: this ground truth was computed from other features than the dataset's")
     kinds = list(ds.relevance_kinds)
     if "explicit" not in kinds:
         kinds.insert(0 if not ds.has("database/labels") else len(kinds), "explicit")

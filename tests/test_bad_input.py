@@ -275,13 +275,14 @@ def test_library_writers_take_the_output_lock(tmp_path, class_dataset, writer):
 
 
 @pytest.mark.parametrize("where", ["before", "after"])
-def test_debug_shows_the_error_itself_before_or_after_the_command(tmp_path, where):
-    """--debug goes before the command or after it; either way bad input then raises instead of one line."""
-    from hashdist.errors import InputError
-
+def test_debug_shows_the_error_itself_before_or_after_the_command(tmp_path, where, capsys):
+    """--debug goes before the command or after it; either way bad input then shows its traceback before the
+    same one line, with the same exit status 2."""
     args = ["evaluate", str(tmp_path / "missing.zarr"), "--out", str(tmp_path / "r"), "--engine", "local"]
-    with pytest.raises(InputError, match="no such dataset"):
-        main(["--debug", *args] if where == "before" else [*args, "--debug"])
+    assert main(["--debug", *args] if where == "before" else [*args, "--debug"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("Traceback") and "InputError" in err
+    assert err.splitlines()[-1].startswith("hashdist evaluate: error: ") and "no such dataset" in err
 
 
 def test_an_output_that_overlaps_an_input_is_refused_even_with_overwrite(tmp_path, capsys, files, dataset):

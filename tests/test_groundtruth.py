@@ -168,7 +168,13 @@ def test_evaluate_on_explicit_ground_truth_equals_class_labels(tmp_path):
     ingest(url, paths["db"], paths["q"], db_labels=paths["dbl"], query_labels=paths["ql"], db_features=paths["df"],
            query_features=paths["qf"], chunk_rows=100, query_chunk_rows=8)
     gt, _ = groundtruth.run_local(url, method="epsilon_ball", epsilon=0.0, cache=False)
-    ds = groundtruth.write(open_dataset(url), gt)
+    np.save(tmp_path / "other_df.npy", np.eye(4, dtype=np.float32)[dbl] * 2)  # the same rows, other features
+    other = tmp_path / "other.zarr"
+    ingest(other, paths["db"], paths["q"], db_labels=paths["dbl"], query_labels=paths["ql"],
+           db_features=str(tmp_path / "other_df.npy"), query_features=paths["qf"], chunk_rows=100, query_chunk_rows=8)
+    with pytest.raises(InputError, match="computed from other features than the dataset's"):
+        groundtruth.write(other, gt)
+    ds = groundtruth.write(url, gt)  # a path, as the README writes it
     assert ds.relevance_kinds == ("class", "explicit")  # labels stay the default
     by_class = evaluate_local(url, cache=False, relevance="class")
     explicit = evaluate_local(url, cache=False, relevance="explicit")

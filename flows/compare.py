@@ -14,7 +14,7 @@ from prefect import flow
 from prefect.artifacts import create_table_artifact
 
 from flows.evaluate import evaluate
-from flows.runtime import api_for_workers, task_runner
+from flows.runtime import api_for_workers, cache_parameter, task_runner
 from hashdist.compare import build_comparison, validate
 from hashdist.compare_report import leaderboard_rows, write_comparison
 from hashdist.defaults import DEFAULT_BOOTSTRAP, DEFAULT_K, DEFAULT_PERMUTATIONS, DEFAULT_RADII
@@ -64,7 +64,7 @@ def run_comparison(methods, *, out=None, overwrite=False, k=DEFAULT_K, radius=DE
                    **cluster):
     """Validate the inputs here (bad input fails before any cluster starts), then run the flow."""
     validate(methods, k=k, radius=radius, permutations=permutations, seed=seed, out=out, overwrite=overwrite)
-    cache = cache if cache is None or cache is False else str(cache)
+    cache = cache_parameter(cache)
     with api_for_workers(cluster.get("address"), cluster.get("cluster_class"), cluster.get("cluster_kwargs")):
         return compare(methods=[str(m) for m in methods], out=None if out is None else str(out), overwrite=overwrite,
                        k=list(k), radius=list(radius), permutations=permutations, bootstrap=bootstrap, seed=seed,

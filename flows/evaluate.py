@@ -42,7 +42,14 @@ from prefect.context import FlowRunContext
 from prefect.states import State
 
 from flows.history import drop_state, watch
-from flows.runtime import TASK_OPTIONS, api_for_workers, cluster_threads, task_runner, workers_in_this_process
+from flows.runtime import (
+    TASK_OPTIONS,
+    api_for_workers,
+    cache_parameter,
+    cluster_threads,
+    task_runner,
+    workers_in_this_process,
+)
 from hashdist import precompile
 from hashdist.api import Evaluation, build_report, prepare
 from hashdist.cache import resolve_cache
@@ -316,7 +323,7 @@ def run_evaluation(dataset, *, out=None, overwrite=False, html=True, cache=None,
         from hashdist.history import check_history_dir
 
         check_history_dir(history)  # a path that is not a history store fails here, before the run
-    cache = cache if cache is None or cache is False else str(cache)
+    cache = cache_parameter(cache)
     runner = task_runner(address, cluster_class, cluster_kwargs, workers, threads)
     with api_for_workers(address, cluster_class, cluster_kwargs):
         return evaluate.with_options(task_runner=runner)(

@@ -13,7 +13,7 @@ import time
 from prefect import flow, task
 from prefect.futures import as_completed
 
-from flows.runtime import TASK_OPTIONS, api_for_workers, task_runner
+from flows.runtime import TASK_OPTIONS, api_for_workers, cache_parameter, task_runner
 from hashdist import groundtruth as gt
 from hashdist.cache import resolve_cache
 from hashdist.progress import progress_bar
@@ -67,7 +67,7 @@ def run_groundtruth(dataset, *, cache=None, address=None, cluster_class=None, cl
                     threads=None, progress=False, **options) -> dict:
     """Validate the inputs here (bad input fails before any cluster starts), then run the flow."""
     gt.prepare(dataset, **options)
-    cache = cache if cache is None or cache is False else str(cache)
+    cache = cache_parameter(cache)
     runner = task_runner(address, cluster_class, cluster_kwargs, workers, threads)
     with api_for_workers(address, cluster_class, cluster_kwargs):
         return groundtruth.with_options(task_runner=runner)(dataset=str(dataset), cache=cache, progress=progress,

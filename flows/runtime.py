@@ -34,6 +34,12 @@ from flows.apiserver import TemporaryAPIServer  # noqa: E402
 from hashdist.errors import InputError, json_object  # noqa: E402
 
 
+def cache_parameter(cache) -> str | bool | None:
+    """A ``cache`` argument as a flow parameter (JSON): None, True or False as given, a directory as a string;
+    the flow resolves it (:func:`hashdist.cache.resolve_cache`) where it runs."""
+    return cache if cache is None or isinstance(cache, bool) else str(cache)
+
+
 def retry_unless_bad_input(task, task_run, state) -> bool:
     """Prefect's ``retry_condition_fn``: retry transient faults, never bad input (it would fail again)."""
     return not isinstance(state.data, InputError)

@@ -121,6 +121,13 @@ def _given(a, name: str) -> bool:
     return value is not None and value is not False
 
 
+def _check_split_options(a) -> None:
+    """--strategy, --run and --validation pick a run of --splits: refused without it."""
+    for name in ("strategy", "run", "validation"):
+        if a.splits is None and _given(a, name):
+            raise InputError(f"--{name} goes with --splits")
+
+
 def _run_ingest(a):
     from hashdist.ingest import append, ingest
 
@@ -128,9 +135,7 @@ def _run_ingest(a):
         return _ingest_split(a)
     if a.codes is not None or a.labels is not None:
         raise InputError("--codes and --labels go with --splits (use --db-codes and --query-codes otherwise)")
-    for name in ("strategy", "run", "validation"):
-        if _given(a, name):
-            raise InputError(f"--{name} goes with --splits")
+    _check_split_options(a)
     if a.db_codes is None:
         raise InputError("--db-codes is required (or --splits with --codes and --labels)")
     if a.append:
@@ -236,9 +241,7 @@ def _run_synth(a):
     _check_synth_source(a)
     if a.splits is not None and not a.digits:
         raise InputError("--splits goes with --digits")
-    for name in ("strategy", "run", "validation"):
-        if a.splits is None and _given(a, name):
-            raise InputError(f"--{name} goes with --splits")
+    _check_split_options(a)
     if a.digits:
         kwargs = {k: v for k, v in (("nbits", a.nbits), ("n_queries", a.n_queries)) if v is not None}
         if a.pooled:
@@ -603,10 +606,9 @@ def _run_groundtruth(a):
     cache = False if a.no_cache else a.cache
     if a.engine == "local":
         from hashdist import groundtruth
-        from hashdist.dataset import open_dataset
 
         gt, run = groundtruth.run_local(a.dataset, cache=cache, threads=a.threads, progress=not a.quiet, **options)
-        summary = {**groundtruth.write(open_dataset(a.dataset), gt).attrs()["groundtruth"], **run}
+        summary = {**groundtruth.write(a.dataset, gt).attrs()["groundtruth"], **run}
     else:
         from flows.groundtruth import run_groundtruth
 

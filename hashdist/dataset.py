@@ -413,7 +413,7 @@ class DatasetWriter:
         self._writer(f"{part}/features", features.shape[1], features.dtype, self.chunk_rows[part]).append(features)
 
     def add_scores(self, scores: np.ndarray) -> None:
-        """Real-valued query vectors (Q, B) for the asymmetric distance, float32."""
+        """Real-valued query vectors (Q, B) for the asymmetric distance, float64."""
         self._writer("queries/scores", self.nbits, np.float64, self.chunk_rows["queries"]).append(
             np.ascontiguousarray(scores, dtype=np.float64))
 

@@ -39,7 +39,7 @@ from llvmlite import ir  # noqa: E402
 from numba import types  # noqa: E402
 from numba.extending import intrinsic  # noqa: E402
 
-from hashdist.bits import pack_bits  # noqa: E402
+from hashdist.data.bits import pack_bits  # noqa: E402
 from hashdist.kernels.histogram import histogram_block  # noqa: E402
 
 HERE = Path(__file__).resolve().parent

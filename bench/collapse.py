@@ -39,7 +39,8 @@ from pathlib import Path  # noqa: E402
 import numba  # noqa: E402
 import numpy as np  # noqa: E402
 
-from hashdist.dataset import open_dataset  # noqa: E402
+from hashdist.data.dataset import open_dataset  # noqa: E402
+from hashdist.data.synth import PRESETS, synth_dataset  # noqa: E402
 from hashdist.kernels import collapse  # noqa: E402
 from hashdist.kernels.collapse import (  # noqa: E402
     auto_histogram_block,
@@ -48,7 +49,6 @@ from hashdist.kernels.collapse import (  # noqa: E402
 )
 from hashdist.kernels.distinct import distinct_rows  # noqa: E402
 from hashdist.kernels.histogram import histogram_block  # noqa: E402
-from hashdist.synth import PRESETS, synth_dataset  # noqa: E402
 
 N_QUERIES = 1_000
 REPEATS = 3

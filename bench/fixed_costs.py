@@ -282,7 +282,7 @@ def interleaved_best(runs: dict, repeats: int = 5) -> dict:
 def kernel_vs_faiss(n_q: int, n_db: int, helpers, faiss_level: str | None = None) -> list[dict]:
     """histogram_block and faiss.hammings on one thread, the same clustered codes (bench/run.py's); faiss at
     ``faiss_level`` (a faiss.SIMDLevel_* name such as AVX2), else the best its CPU allows."""
-    from hashdist.bits import pack_bits
+    from hashdist.data.bits import pack_bits
     from hashdist.kernels.histogram import histogram_block
 
     try:
@@ -342,7 +342,7 @@ def flickr_end_to_end(work: Path, data: Path, env: dict, helpers, repeats: int =
     runs = alternate(flow_cmd, local_cmd, out, env, TIMEOUT_FLICKR, repeats, "flickr1m")
 
     import hashdist
-    from hashdist.engine import largest_possible_grade
+    from hashdist.engine.run import largest_possible_grade
     from hashdist.kernels.histogram import histogram_block
 
     ds = hashdist.open_dataset(data)

@@ -89,7 +89,7 @@ def best_of(fn, repeats=3, clock=time.perf_counter):
 
 
 def bench_kernels(n_db, n_q):
-    from hashdist.bits import pack_bits
+    from hashdist.data.bits import pack_bits
     from hashdist.kernels.histogram import histogram_block
 
     rng = np.random.default_rng(0)
@@ -189,7 +189,7 @@ def run_timed(cmd, env=None):
 
 
 def bench_end_to_end(work: Path, preset_kwargs: dict):
-    from hashdist.synth import synth_dataset
+    from hashdist.data.synth import synth_dataset
 
     data = work / "flickr.zarr"
     synth_dataset(data, overwrite=True, **preset_kwargs)
@@ -212,7 +212,7 @@ from distributed import LocalCluster
 from flows.evaluate import run_evaluation
 from flows.runtime import embedded_cluster_kwargs
 from hashdist.api import evaluate_local, prepare
-from hashdist.dataset import open_dataset
+from hashdist.data.dataset import open_dataset
 from hashdist.kernels.histogram import histogram_block
 
 data, threads = sys.argv[1], os.cpu_count()
@@ -369,7 +369,7 @@ def bench_profile(work: Path, data: Path) -> dict:
 
 
 def bench_scaling(work: Path, sizes_db, sizes_q):
-    from hashdist.synth import synth_dataset
+    from hashdist.data.synth import synth_dataset
 
     rows = []
     env = {**os.environ, "PREFECT_LOGGING_LEVEL": "WARNING"}

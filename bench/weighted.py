@@ -12,9 +12,9 @@ import time
 
 import numpy as np
 
-from hashdist.bits import pack_bits
-from hashdist.distance import weighted_axis
+from hashdist.data.bits import pack_bits
 from hashdist.kernels.binned import binned_histogram_block
+from hashdist.kernels.distance import weighted_axis
 
 
 def main(n_q=256, n_db=262_144):

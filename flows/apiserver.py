@@ -9,7 +9,7 @@ requests (0.3 to 0.4 s) is then ready when the run's requests arrive, if they co
 The server's database lives in a temporary directory that goes with the server: a copy of a
 migrated template kept per user and Prefect version (migrating a new database takes about 8 s).
 
-:func:`launch` is the ``hashdist`` console script: it starts the server before ``hashdist`` itself
+``hashdist.cli.launch`` (the ``hashdist`` console script) starts the server before ``hashdist`` itself
 loads (about 0.5 s of numpy, numba and zarr) when the command line asks for a flow run.
 """
 
@@ -201,41 +201,3 @@ def _warm_up(port: int) -> None:
             continue
         except OSError:  # the server is stopping
             return
-
-
-FLOW_COMMANDS = ("evaluate", "compare")  # the commands whose --engine defaults to flow
-
-
-def wants_server(argv: list[str]) -> bool:
-    """Whether the command line ``argv`` will run a flow on a temporary API server: a flow command, no
-    ``--engine local`` (or an abbreviation), no help, and no ``$PREFECT_API_URL``.
-
-    A guess from the words alone, before the parser exists: the CLI stops a server it then does not use,
-    and starts one itself if it needs one and none was started.
-    """
-    if os.environ.get("PREFECT_API_URL") or "-h" in argv or "--help" in argv:
-        return False
-    command = next((a for a in argv if not a.startswith("-")), None)
-    if command not in FLOW_COMMANDS:
-        return False
-    for i, arg in enumerate(argv):
-        name, _, value = arg.partition("=")
-        if len(name) > 4 and "--engine".startswith(name):
-            value = value or (argv[i + 1] if i + 1 < len(argv) else "")
-            if value != "flow":
-                return False
-    return True
-
-
-def launch() -> int:
-    """The ``hashdist`` command: the temporary API server first when the command needs one, then the CLI.
-
-    Python's cyclic garbage collector is off while the command's modules load (``hashdist.cli`` turns it back
-    on, with what is loaded frozen, when the command starts): loading makes objects that live as long as the
-    process, and the collector would walk them over and over (0.2-0.3 s of the 1.4 s that hashdist, Prefect and
-    Dask take to load)."""
-    gc.disable()
-    server = TemporaryAPIServer() if wants_server(sys.argv[1:]) else None
-    from hashdist.cli import console
-
-    return console(server=server, collector_paused=True)

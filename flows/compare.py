@@ -1,4 +1,4 @@
-"""A Prefect 3 flow that compares several code sets: thin orchestration over ``hashdist.compare``.
+"""A Prefect 3 flow that compares several code sets: thin orchestration over ``hashdist.compare.comparison``.
 
 Each method's dataset (each run's, with ``NAME=DS1,DS2,...``) is evaluated by the
 ``evaluate`` flow as a subflow (its blocks run on the Dask cluster; the block cache is
@@ -15,9 +15,9 @@ from prefect.artifacts import create_table_artifact
 
 from flows.evaluate import evaluate
 from flows.runtime import api_for_workers, cache_parameter, task_runner
-from hashdist.compare import build_comparison, validate
-from hashdist.compare_report import leaderboard_rows, write_comparison
+from hashdist.compare.comparison import build_comparison, validate
 from hashdist.defaults import DEFAULT_BOOTSTRAP, DEFAULT_K, DEFAULT_PERMUTATIONS, DEFAULT_RADII
+from hashdist.report.comparison import leaderboard_rows, write_comparison
 
 
 @flow(name="compare", persist_result=False, log_prints=True)

@@ -1,6 +1,6 @@
 """The main job: a Prefect 3 flow that evaluates a dataset on a Dask cluster.
 
-Thin orchestration over ``hashdist.engine``. The plan's blocks are the unit of
+Thin orchestration over ``hashdist.engine.run``. The plan's blocks are the unit of
 caching; Prefect tasks take runs of them, because each Prefect task run costs about
 0.1 s of CPU (submission in the flow process, context and API clients on the
 worker): one histogram task per cluster thread (more for very large runs), each
@@ -50,12 +50,10 @@ from flows.runtime import (
     task_runner,
     workers_in_this_process,
 )
-from hashdist import precompile
 from hashdist.api import Evaluation, build_report, prepare
-from hashdist.cache import resolve_cache
-from hashdist.codeusage import bucket_sizes
 from hashdist.defaults import DEFAULT_BETA, DEFAULT_DISTANCE_BINS, DEFAULT_RADII
-from hashdist.engine import (
+from hashdist.engine.cache import resolve_cache
+from hashdist.engine.run import (
     TALLIES,
     CodePieces,
     RunResult,
@@ -70,10 +68,12 @@ from hashdist.engine import (
     item_sums,
     metric_items,
     part_max_buckets,
+    precompile,
     query_shells,
     run_blocks,
     work_shares,
 )
+from hashdist.kernels.codeusage import bucket_sizes
 from hashdist.metrics.registry import headline_rows
 from hashdist.progress import advance, progress_bar
 
@@ -320,7 +320,7 @@ def run_evaluation(dataset, *, out=None, overwrite=False, html=True, cache=None,
     started_at = time.time()
     prepare(dataset, **options)
     if history is not None:
-        from hashdist.history import check_history_dir
+        from hashdist.compare.history import check_history_dir
 
         check_history_dir(history)  # a path that is not a history store fails here, before the run
     cache = cache_parameter(cache)

@@ -1,6 +1,6 @@
 """A Prefect 3 flow that computes feature ground truth (``hashdist groundtruth``) on a Dask cluster.
 
-Thin orchestration over ``hashdist.groundtruth``: each sweep is one task per (query block,
+Thin orchestration over ``hashdist.engine.groundtruth``: each sweep is one task per (query block,
 database block), each reading its own feature rows on the worker; results are merged in the
 flow as they arrive, and the CSR is written into the dataset at the end. Block results are
 cached by content in a ``BlockCache`` directory, as for ``evaluate``.
@@ -14,8 +14,8 @@ from prefect import flow, task
 from prefect.futures import as_completed
 
 from flows.runtime import TASK_OPTIONS, api_for_workers, cache_parameter, task_runner
-from hashdist import groundtruth as gt
-from hashdist.cache import resolve_cache
+from hashdist.engine import groundtruth as gt
+from hashdist.engine.cache import resolve_cache
 from hashdist.progress import progress_bar
 
 

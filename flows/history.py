@@ -1,7 +1,7 @@
 """Watching an index over time from the ``evaluate`` flow: record the run, test it against the previous one,
 publish the trend as a Prefect artifact, and end the run Failed on a significant drop.
 
-The statistics and the store are ``hashdist.history`` (pure library functions); this module adds only
+The statistics and the store are ``hashdist.compare.history`` (pure library functions); this module adds only
 Prefect's artifacts and states. In the flow, after the outputs are written::
 
     if history is not None:
@@ -12,7 +12,7 @@ Prefect's artifacts and states. In the flow, after the outputs are written::
 ``drop_state`` is a ``Failed`` state whose message is the verdict's one line ("mAP dropped significantly:
 ..."): the flow run ends Failed with that message (its ``prefect.flow-run.Failed`` event carries it as
 ``prefect.state-message``, which deploy/automation-history.yaml matches), the written outputs stay, and a
-caller of the flow function gets :class:`hashdist.history.SignificantDrop` raised, holding the verdict and
+caller of the flow function gets :class:`hashdist.compare.history.SignificantDrop` raised, holding the verdict and
 the evaluation.
 """
 
@@ -21,8 +21,8 @@ from __future__ import annotations
 from prefect.artifacts import create_markdown_artifact
 from prefect.states import Failed
 
-from hashdist.history import SignificantDrop, compare_runs, load_history, record
-from hashdist.history_report import flag
+from hashdist.compare.history import SignificantDrop, compare_runs, load_history, record
+from hashdist.report.history import flag
 
 ARTIFACT_KEY = "hashdist-history"
 TREND_ROWS = 10  # runs shown in the artifact's table (the most recent)
@@ -59,7 +59,7 @@ def trend_markdown(history_dir, verdict: dict, runs: list[dict]) -> str:
 
 def watch(evaluation, history_dir, **test_options) -> dict:
     """Append ``evaluation`` to the history at ``history_dir``, compare it with the previous run
-    (:func:`hashdist.history.record`; ``test_options``: alpha, permutations, seed, min_drop), publish the
+    (:func:`hashdist.compare.history.record`; ``test_options``: alpha, permutations, seed, min_drop), publish the
     markdown artifact ``hashdist-history`` and return the verdict. Call it inside a flow run."""
     verdict = record(history_dir, evaluation, **test_options)
     runs = load_history(history_dir)
@@ -70,5 +70,6 @@ def watch(evaluation, history_dir, **test_options) -> dict:
 
 def drop_state(verdict: dict, evaluation=None):
     """The flow's final state on a significant drop: Failed, its message the verdict's one line; a caller of the
-    flow function gets :class:`hashdist.history.SignificantDrop` (with the verdict and the evaluation) raised."""
+    flow function gets :class:`hashdist.compare.history.SignificantDrop` (with the verdict and the evaluation)
+    raised."""
     return Failed(message=verdict["message"], data=SignificantDrop(verdict, evaluation))

@@ -36,7 +36,7 @@ from hashdist.errors import InputError, json_object  # noqa: E402
 
 def cache_parameter(cache) -> str | bool | None:
     """A ``cache`` argument as a flow parameter (JSON): None, True or False as given, a directory as a string;
-    the flow resolves it (:func:`hashdist.cache.resolve_cache`) where it runs."""
+    the flow resolves it (:func:`hashdist.engine.cache.resolve_cache`) where it runs."""
     return cache if cache is None or isinstance(cache, bool) else str(cache)
 
 

@@ -1,16 +1,30 @@
 """hashdist: exact, tie-aware, distributed evaluation of learned binary hash codes.
 
-Data flow: ingest -> Zarr dataset -> kernels (partial histograms) -> reduction ->
-metrics (pure functions of histograms) -> report.
+Data flow: data (ingest -> Zarr dataset) -> kernels (partial histograms) -> engine (blocks, cache,
+reduction) -> metrics (pure functions of histograms) -> report; the Python API and the CLI on top,
+``flows/`` as Prefect + Dask orchestration. The public names below load on first use, so
+``import hashdist`` (and the ``hashdist`` command's launcher) costs nothing until one is used.
 """
+
+import importlib
 
 __version__ = "0.1.0"
 
-from hashdist.api import Evaluation, evaluate, evaluate_local  # noqa: E402
-from hashdist.arrays import Evaluator, evaluate_codes  # noqa: E402
-from hashdist.dataset import open_dataset  # noqa: E402
-from hashdist.errors import InputError  # noqa: E402
-from hashdist.ingest import ingest  # noqa: E402
+_PUBLIC = {
+    "Evaluation": "hashdist.api", "evaluate": "hashdist.api", "evaluate_local": "hashdist.api",
+    "Evaluator": "hashdist.arrays", "evaluate_codes": "hashdist.arrays",
+    "open_dataset": "hashdist.data.dataset", "ingest": "hashdist.data.ingest", "InputError": "hashdist.errors",
+}
+__all__ = ["__version__", *_PUBLIC]
 
-__all__ = ["Evaluation", "Evaluator", "InputError", "__version__", "evaluate", "evaluate_codes", "evaluate_local",
-           "ingest", "open_dataset"]
+
+def __getattr__(name: str):
+    if name not in _PUBLIC:
+        raise AttributeError(f"module 'hashdist' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_PUBLIC[name]), name)
+    globals()[name] = value  # loaded once
+    return value
+
+
+def __dir__():
+    return sorted(__all__)

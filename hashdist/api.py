@@ -10,26 +10,26 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from hashdist.cache import resolve_cache
-from hashdist.dataset import Dataset, open_dataset
+from hashdist.data.dataset import Dataset, open_dataset
+from hashdist.data.inputs import check_scores
+from hashdist.data.protocols import get_protocol, protocol_k
 from hashdist.defaults import DEFAULT_BETA, DEFAULT_DISTANCE_BINS, DEFAULT_K, DEFAULT_RADII
-from hashdist.distance import (
+from hashdist.engine.cache import resolve_cache
+from hashdist.engine.run import Plan, RunResult, for_threads, make_plan, run_local
+from hashdist.errors import InputError, is_integer
+from hashdist.kernels.distance import (
     KINDS,
     DistanceAxis,
     asymmetric_axis,
     check_bins,
-    check_scores,
     check_weights,
     weighted_axis,
 )
-from hashdist.engine import Plan, RunResult, for_threads, make_plan, run_local
-from hashdist.errors import InputError, is_integer
 from hashdist.kernels.hashtable import parse_hashtable_spec
 from hashdist.metrics.conventions import conventions_report
 from hashdist.metrics.summary import MetricParams
 from hashdist.progress import advance, progress_bar
-from hashdist.protocols import get_protocol, protocol_k
-from hashdist.report import REPORT_MARKER, provenance, write_outputs
+from hashdist.report.evaluation import REPORT_MARKER, provenance, write_outputs
 
 _NUMBER = (int, float, np.integer, np.floating)
 
@@ -55,7 +55,7 @@ def prepare(
 ) -> tuple[Dataset, MetricParams, Plan, dict]:
     """Open and validate the dataset and parameters and plan the blocks; returns (ds, params, plan, parameters).
 
-    ``k=None``: the protocol's cut-offs with ``protocol`` (hashdist.protocols), else DEFAULT_K. A protocol
+    ``k=None``: the protocol's cut-offs with ``protocol`` (hashdist.data.protocols), else DEFAULT_K. A protocol
     also adds its script's convention. ``distance``: "hamming", "weighted" (needs ``bit_weights``, an array
     or a .npy path, (B,) or (Q, B)) or "asymmetric" (the dataset's query scores); default "weighted" when
     ``bit_weights`` is given, else "hamming". ``distance_bins``: G, the bins of a real-valued distance.
@@ -126,7 +126,7 @@ def _listed(value, name: str, kinds, what: str) -> tuple:
 
 
 def _distance_axis(ds: Dataset, distance: str, bit_weights, bins, radii) -> DistanceAxis | None:
-    """The bins of a weighted or asymmetric distance (hashdist.distance), or None for plain Hamming."""
+    """The bins of a weighted or asymmetric distance (hashdist.kernels.distance), or None for plain Hamming."""
     if distance != "weighted" and bit_weights is not None:
         raise InputError(f"--bit-weights: only with --distance weighted, not {distance}")
     if distance == "hamming":
@@ -136,7 +136,7 @@ def _distance_axis(ds: Dataset, distance: str, bit_weights, bins, radii) -> Dist
         if bit_weights is None:
             raise InputError("--distance weighted needs --bit-weights W.npy")
         if isinstance(bit_weights, (str, os.PathLike)):
-            from hashdist.ingest import load_array
+            from hashdist.data.inputs import load_array
 
             bit_weights = load_array(bit_weights)
         return weighted_axis(check_weights(bit_weights, ds.nbits, ds.n_queries), bins, radii)

@@ -21,7 +21,7 @@ import uuid
 
 import numpy as np
 
-from hashdist.bits import (
+from hashdist.data.bits import (
     check_code_convention,
     code_values,
     label_kind,
@@ -29,11 +29,11 @@ from hashdist.bits import (
     pack_bits,
     pack_label_block,
 )
-from hashdist.dataset import MAX_NBITS, DatasetWriter
+from hashdist.data.dataset import MAX_NBITS, DatasetWriter
+from hashdist.data.ingest import check_relevant
+from hashdist.data.inputs import check_scores
 from hashdist.defaults import DEFAULT_CHUNK_ROWS, DEFAULT_QUERY_CHUNK_ROWS
-from hashdist.distance import check_scores
 from hashdist.errors import InputError, is_integer
-from hashdist.ingest import check_relevant
 
 __all__ = ["Evaluator", "evaluate_codes"]
 

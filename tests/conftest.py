@@ -67,7 +67,7 @@ def assert_refused(capsys, argv, needle, not_created=None) -> str:
 
 
 def make_dataset(directory, name="data.zarr", chunk_rows=500, query_chunk_rows=16, **kw):
-    from hashdist.ingest import ingest
+    from hashdist.data.ingest import ingest
 
     p = write_inputs(directory, **kw)
     out = directory / name
@@ -170,7 +170,7 @@ def loopback_dask(env: dict):
 @contextlib.contextmanager
 def lock_held_elsewhere(target):
     """Another process holds hashdist's output lock on ``target`` for the duration."""
-    code = ("import sys\nfrom hashdist.atomic import exclusive\n"
+    code = ("import sys\nfrom hashdist.data.atomic import exclusive\n"
             f"with exclusive({str(target)!r}):\n    print('held', flush=True)\n    sys.stdin.read()\n")
     holder = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:

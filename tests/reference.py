@@ -744,7 +744,7 @@ def expected_ndcg_positionwise(dist, grade, k):
 
 
 # ----------------------------------------------------------------------------
-# packing (to feed the kernels; independent of hashdist.bits)
+# packing (to feed the kernels; independent of hashdist.data.bits)
 # ----------------------------------------------------------------------------
 
 

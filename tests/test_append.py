@@ -7,12 +7,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import hashdist.dataset as dataset_module
+import hashdist.data.dataset as dataset_module
 from hashdist.api import evaluate
 from hashdist.cli import main
-from hashdist.dataset import open_dataset
+from hashdist.data.dataset import open_dataset
+from hashdist.data.ingest import append, ingest
 from hashdist.errors import InputError
-from hashdist.ingest import append, ingest
 from tests.conftest import write_inputs
 
 

@@ -6,8 +6,8 @@ import pytest
 import hashdist
 from hashdist.api import evaluate_local
 from hashdist.arrays import Evaluator, evaluate_codes
+from hashdist.data.ingest import ingest
 from hashdist.errors import InputError
-from hashdist.ingest import ingest
 from tests.conftest import write_inputs
 
 IGNORED = ("dataset", "timing", "throughput", "provenance", "engine", "outputs")

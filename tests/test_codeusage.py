@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from hashdist.bits import pack_bits
-from hashdist.codeusage import bit_ones_block, bucket_sizes, code_usage, merge_bucket_sizes, rank_size_steps
+from hashdist.data.bits import pack_bits
 from hashdist.kernels.codecounts import code_counts
+from hashdist.kernels.codeusage import bit_ones_block, bucket_sizes, code_usage, merge_bucket_sizes, rank_size_steps
 
 
 @pytest.mark.parametrize("nbits", [1, 13, 64, 65, 130])
@@ -65,7 +65,7 @@ def test_code_usage_plot_axes_span_a_decade_with_power_of_ten_labels():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from hashdist.render import log_count_axes, png
+    from hashdist.report.render import log_count_axes, png
 
     ranks, sizes = rank_size_steps(bucket_sizes(np.ones(5, dtype=np.int64)))
     fig, ax = plt.subplots()

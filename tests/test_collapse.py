@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from hashdist.dataset import open_dataset
+from hashdist.data.dataset import open_dataset
+from hashdist.data.synth import PRESETS, synth_dataset
 from hashdist.errors import InputError
 from hashdist.kernels import collapse
 from hashdist.kernels.collapse import (
@@ -13,7 +14,6 @@ from hashdist.kernels.collapse import (
 )
 from hashdist.kernels.distinct import distinct_rows
 from hashdist.kernels.histogram import histogram_block
-from hashdist.synth import PRESETS, synth_dataset
 
 
 def _codes(rng, n, nbits):

@@ -8,10 +8,10 @@ import pytest
 from scipy.stats import ttest_rel
 
 from hashdist.cli import main
-from hashdist.compare import compare, parse_methods
+from hashdist.compare.comparison import compare, parse_methods
+from hashdist.compare.stats import bootstrap_ci, holm, paired_t_pvalue, randomization_pvalue
+from hashdist.data.synth import digits_dataset, synth_dataset
 from hashdist.errors import InputError
-from hashdist.stats import bootstrap_ci, holm, paired_t_pvalue, randomization_pvalue
-from hashdist.synth import digits_dataset, synth_dataset
 
 
 def test_t_pvalue_matches_scipy():

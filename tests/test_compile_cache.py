@@ -67,7 +67,7 @@ def test_read_only_caches(multilabel_dataset, tmp_path):
 _PROBE = """
 import json, sys, time
 from numba.core import event
-from hashdist import precompile
+from hashdist.engine import precompile
 
 compiled = []
 

@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 
 from hashdist.api import evaluate_local, prepare
-from hashdist.blocks import Block
 from hashdist.cli import main
-from hashdist.engine import compute_histogram
+from hashdist.engine.blocks import Block
+from hashdist.engine.run import compute_histogram
 from hashdist.errors import InputError
 from hashdist.metrics.conventions import (
     CONVENTIONS,

@@ -21,7 +21,7 @@ from hashdist.metrics import POLICIES, average_precision, average_precision_at_k
 from hashdist.metrics.ranking import average_precision_at_radius, cutoff_grid
 from hashdist.metrics.registry import BY_KEY, per_query_key
 from hashdist.metrics.summary import EMPTY_QUERY_RULES, MetricParams, aggregate, per_query_metrics
-from hashdist.report import FIGURES, plots, tables
+from hashdist.report.evaluation import FIGURES, plots, tables
 
 BITS = (1, 4, 12, 65)
 

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from hashdist.api import evaluate_local
-from hashdist.report import json_safe
+from hashdist.report.evaluation import json_safe
 from tests.conftest import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -70,7 +70,7 @@ def test_nightly_deployment_runs_on_a_process_worker(prefect_server, class_datas
     local = evaluate_local(class_dataset, cache=False)
     assert report["metrics"] == json_safe(local.report["metrics"])
     assert report["engine"]["kind"] == "prefect-dask"
-    from hashdist.history import load_history
+    from hashdist.compare.history import load_history
 
     (recorded,) = load_history(tmp_path / "history", arrays=False)  # the nightly run is in the history store
     assert recorded["dataset"]["fingerprint"] == report["dataset"]["fingerprint"]

@@ -19,9 +19,9 @@ import pytest
 
 import hashdist
 from hashdist.api import evaluate_local
-from hashdist.bits import pack_bits
-from hashdist.distance import weighted_axis
+from hashdist.data.bits import pack_bits
 from hashdist.kernels.binned import binned_histogram_block
+from hashdist.kernels.distance import weighted_axis
 from tests import reference as ref
 
 TOL = 1e-12
@@ -118,7 +118,7 @@ def _ingest(tmp_path, db_bits, db_labels, q_bits, q_labels, scores=None, name="d
         if arr is not None:
             paths[key] = str(tmp_path / f"{name}-{key}.npy")
             np.save(paths[key], arr)
-    return hashdist.ingest(str(tmp_path / name), paths["dc"], paths["qc"], db_labels=paths["dl"],
+    return hashdist.data.ingest(str(tmp_path / name), paths["dc"], paths["qc"], db_labels=paths["dl"],
                            query_labels=paths["ql"], query_scores=paths.get("ys"), chunk_rows=64, query_chunk_rows=4)
 
 

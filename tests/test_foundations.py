@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from hashdist.api import evaluate_local, prepare
-from hashdist.bits import ball_volumes
-from hashdist.cache import BlockCache
-from hashdist.engine import Partials, code_passes, finish, for_threads, run_blocks, run_local, work_shares
+from hashdist.data.bits import ball_volumes
+from hashdist.engine.cache import BlockCache
+from hashdist.engine.run import Partials, code_passes, finish, for_threads, run_blocks, run_local, work_shares
 from hashdist.metrics.ranking import cutoff_grid
 from hashdist.metrics.registry import MEASURES, lookup, per_query_key
 
@@ -67,7 +67,7 @@ def test_every_registered_measure_has_a_place_in_the_report():
     """A measure the report has no table or figure for (a per-K value without tie policies, say) is refused
     when a report is rendered, not dropped from its tables."""
     from hashdist.metrics.registry import Measure
-    from hashdist.report import _unshown
+    from hashdist.report.evaluation import _unshown
 
     assert _unshown() == []
     hit_rate = Measure(key="hit_rate_at_k", label="hit@{}", description="a query with a relevant item in its top K",

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from hashdist.api import evaluate_local
+from hashdist.data.ingest import ingest
 from hashdist.errors import InputError
-from hashdist.ingest import ingest
 from tests import reference as ref
 
 

@@ -6,13 +6,13 @@ import math
 import numpy as np
 import pytest
 
-from hashdist import groundtruth
 from hashdist.api import evaluate_local
 from hashdist.cli import main
-from hashdist.dataset import open_dataset
+from hashdist.data.dataset import open_dataset
+from hashdist.data.ingest import ingest
+from hashdist.data.synth import features_dataset
+from hashdist.engine import groundtruth
 from hashdist.errors import InputError
-from hashdist.ingest import ingest
-from hashdist.synth import features_dataset
 
 
 def reference_sq_distances(x, y):

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from hashdist.bits import pack_bits
+from hashdist.data.bits import pack_bits
 from hashdist.errors import InputError
 from hashdist.kernels.hashtable import hashtable_counts, parse_hashtable_spec
 from hashdist.metrics.radius import hashtable_metrics

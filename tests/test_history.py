@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 
 from hashdist.api import evaluate_local
-from hashdist.bits import unpack_bits
 from hashdist.cli import main
-from hashdist.dataset import open_dataset
+from hashdist.compare.history import append_run, compare_with_previous, load_history, record
+from hashdist.data.bits import unpack_bits
+from hashdist.data.dataset import open_dataset
 from hashdist.errors import InputError
-from hashdist.history import append_run, compare_with_previous, load_history, record
 from tests.conftest import lock_held_elsewhere
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -209,7 +209,7 @@ _CRASH = """
 import os, sys
 import zarr
 from hashdist.api import evaluate_local
-from hashdist.history import append_run
+from hashdist.compare.history import append_run
 
 create_array = zarr.Group.create_array
 
@@ -322,7 +322,7 @@ def test_flow_ends_failed_on_a_significant_drop_and_the_automation_matches(tmp_p
 
     from flows.evaluate import evaluate
     from flows.history import drop_state, watch
-    from hashdist.history import SignificantDrop
+    from hashdist.compare.history import SignificantDrop
 
     @flow(name="evaluate-watched", persist_result=False)
     def evaluate_watched(dataset: str, out: str, history: str):

@@ -766,7 +766,7 @@ def test_target_popcount_reads_numba_target(cpu, features, expected):
 
 @pytest.mark.parametrize("nbits", [1, 64, 65, 130])
 def test_pack_bits_matches_reference_packing(nbits):
-    from hashdist.bits import pack_bits, unpack_bits
+    from hashdist.data.bits import pack_bits, unpack_bits
 
     rng = np.random.default_rng(nbits)
     bits = rng.integers(0, 2, (7, nbits))

@@ -5,9 +5,9 @@ import re
 import pytest
 
 from hashdist.cli import main
-from hashdist.compare import compare
-from hashdist.compare_report import latex_table, markdown_table
-from hashdist.synth import synth_dataset
+from hashdist.compare.comparison import compare
+from hashdist.data.synth import synth_dataset
+from hashdist.report.comparison import latex_table, markdown_table
 
 POLICIES = ("worst", "expected", "best")
 

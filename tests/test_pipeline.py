@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 
 from hashdist.api import evaluate_local
-from hashdist.bits import unpack_bits
-from hashdist.blocks import MAX_BLOCK_ROWS, Block, block_rows, split_by_pairs
-from hashdist.dataset import open_dataset
-from hashdist.engine import compute_histogram, make_plan
+from hashdist.data.bits import unpack_bits
+from hashdist.data.dataset import open_dataset
+from hashdist.data.ingest import append, ingest
+from hashdist.engine.blocks import MAX_BLOCK_ROWS, Block, block_rows, split_by_pairs
+from hashdist.engine.run import compute_histogram, make_plan
 from hashdist.errors import InputError
-from hashdist.ingest import append, ingest
 from tests.conftest import write_inputs
 
 
@@ -164,7 +164,7 @@ def test_report_outputs(class_dataset, tmp_path):
 
 
 def test_hashtable_paradigm_and_code_usage_in_the_report(class_dataset):
-    from hashdist.codeusage import bit_ones_block, bucket_sizes, code_usage
+    from hashdist.kernels.codeusage import bit_ones_block, bucket_sizes, code_usage
     from hashdist.kernels.hashtable import hashtable_counts
     from hashdist.metrics.radius import micro_scores
 
@@ -185,7 +185,7 @@ def test_hashtable_paradigm_and_code_usage_in_the_report(class_dataset):
 
 
 def test_interrupted_append_leaves_the_previous_dataset(tmp_path, monkeypatch):
-    import hashdist.dataset as dataset_module
+    import hashdist.data.dataset as dataset_module
 
     p = write_inputs(tmp_path, n_db=600, n_q=10)
     ingest(tmp_path / "d.zarr", p["db"], p["q"], db_labels=p["dbl"], query_labels=p["ql"], chunk_rows=256)

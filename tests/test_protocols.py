@@ -7,8 +7,8 @@ import pytest
 
 from hashdist.api import evaluate_local
 from hashdist.cli import main
+from hashdist.data.protocols import PROTOCOLS, get_protocol
 from hashdist.errors import InputError
-from hashdist.protocols import PROTOCOLS, get_protocol
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS, ids=lambda p: p.name)

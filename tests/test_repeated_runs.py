@@ -9,12 +9,12 @@ import pytest
 from scipy import stats as sps
 
 from hashdist.cli import main
-from hashdist.compare import compare
-from hashdist.compare_report import format_leaderboard, latex_table, markdown_table
-from hashdist.dataset import open_dataset
+from hashdist.compare.comparison import compare
+from hashdist.compare.stats import exact_randomization_pvalue, holm, t_interval
+from hashdist.data.dataset import open_dataset
+from hashdist.data.synth import synth_dataset
 from hashdist.errors import InputError
-from hashdist.stats import exact_randomization_pvalue, holm, t_interval
-from hashdist.synth import synth_dataset
+from hashdist.report.comparison import format_leaderboard, latex_table, markdown_table
 
 SEEDS = (11, 12, 13)  # run t has the labels of seed SEEDS[t] (its own split)
 COMMON = dict(n_database=300, n_queries=25, labels="class", n_classes=4, chunk_rows=128)

@@ -23,7 +23,7 @@ HASHDIST = str(Path(sys.executable).parent / "hashdist")
 def long_dataset(tmp_path_factory):
     """Enough pairs (2e9) that a flow run is still computing a second after its API server is up, even at the
     fastest kernel rate measured (about 3e9 pairs/s a thread, on AVX-512)."""
-    from hashdist.synth import synth_dataset
+    from hashdist.data.synth import synth_dataset
 
     out = tmp_path_factory.mktemp("long") / "data.zarr"
     synth_dataset(out, n_database=1_000_000, n_queries=2000, nbits=64, seed=0)
@@ -175,7 +175,7 @@ def test_the_embedded_run_listens_on_loopback_only(tmp_path, cli_env, long_datas
     ([], False),
 ])
 def test_the_console_script_starts_a_server_first_only_for_flow_runs(monkeypatch, argv, expected):
-    from flows.apiserver import wants_server
+    from hashdist.cli.launch import wants_server
 
     monkeypatch.delenv("PREFECT_API_URL", raising=False)
     assert wants_server(argv) is expected
@@ -327,7 +327,7 @@ def test_cli_uses_a_configured_api_server_and_starts_none(tmp_path, cli_env, cla
 def test_the_console_script_runs_the_command_with_the_collector_on(tmp_path):
     # launch() turns Python's garbage collector off while modules load; the command itself (a long run's
     # cycles) must run with it on again, the loaded modules frozen out of its way
-    code = ("import gc, sys; import hashdist.cli as cli; from flows.apiserver import launch\n"
+    code = ("import gc, sys; import hashdist.cli.app as cli; from hashdist.cli.launch import launch\n"
             "cli.COMMANDS['synth'] = (cli.COMMANDS['synth'][0], "
             "lambda args: f'collector {gc.isenabled()} frozen {gc.get_freeze_count() > 1000}')\n"
             "sys.argv = ['hashdist', 'synth', '--preset', 'demo', '--out', sys.argv[1]]; sys.exit(launch())")
@@ -384,7 +384,7 @@ def on_a_terminal(env, *args, timeout=120):
 def test_local_engine_shows_a_progress_bar_on_a_terminal(tmp_path, cli_env, class_dataset):
     """`--engine local` draws the bar of blocks the flow draws (tqdm's "N/N [..., block/s, pairs/s]"), for
     evaluate and groundtruth alike, and --quiet turns it off."""
-    from hashdist.ingest import ingest
+    from hashdist.data.ingest import ingest
     from tests.test_groundtruth import feature_inputs
 
     status, bar = on_a_terminal(cli_env, "evaluate", class_dataset, "--out", tmp_path / "r", "--engine", "local",

@@ -63,8 +63,8 @@ def test_multilabel_on_the_embedded_cluster_with_many_parts(multilabel_dataset):
 def test_code_counts_in_passes_count_every_row_once(class_dataset):
     """Each pass counts only its parts' rows; together the passes hold every distinct code once."""
     from hashdist.api import prepare
-    from hashdist.dataset import open_dataset
-    from hashdist.engine import code_passes, count_codes, for_threads
+    from hashdist.data.dataset import open_dataset
+    from hashdist.engine.run import code_passes, count_codes, for_threads
 
     _, _, plan, _ = prepare(class_dataset, db_block_rows=500, code_parts=7)
     plan = for_threads(plan, 1)
@@ -85,7 +85,7 @@ def test_code_counts_in_passes_count_every_row_once(class_dataset):
 def test_collapsed_blocks_give_the_same_bits_and_report_their_distinct_fraction(tmp_path):
     """Most items on a few codes per class: blocks are counted over distinct (code, label) rows."""
     from flows.evaluate import run_evaluation
-    from hashdist.synth import synth_dataset
+    from hashdist.data.synth import synth_dataset
 
     url = synth_dataset(tmp_path / "collide.zarr", n_database=12_000, n_queries=300, nbits=64, labels="class",
                         n_classes=5, noise=0.15, collision=0.0, prototypes=20, stray=0.01, chunk_rows=4096)

@@ -1,4 +1,4 @@
-"""SIGINT and SIGTERM reach a command however the run treats the first delivery (hashdist/signals.py).
+"""SIGINT and SIGTERM reach a command however the run treats the first delivery (hashdist/cli/signals.py).
 
 Each case runs a small script in a new process: it enters SignalWatch, signals itself, and then does what
 the run's libraries sometimes do with the exception: drop it in a garbage-collector callback, wrap it in an
@@ -16,7 +16,7 @@ import pytest
 
 PRELUDE = """
 import gc, os, signal, sys, time
-from hashdist.signals import SignalWatch, exit_within
+from hashdist.cli.signals import SignalWatch, exit_within
 
 def command(run, grace=None):
     # a command as the CLI's main() runs one: the signal's status if one ended it (or came meanwhile); with

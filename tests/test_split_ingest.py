@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 import zarr
 
-from hashdist.bits import unpack_bits
 from hashdist.cli import main
-from hashdist.dataset import open_dataset
-from hashdist.splits import read_split
+from hashdist.data.bits import unpack_bits
+from hashdist.data.dataset import open_dataset
+from hashdist.data.splits import read_split
 
 RUNS = 3
 

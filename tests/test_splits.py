@@ -8,8 +8,8 @@ import pytest
 import zarr
 
 from hashdist.cli import main
+from hashdist.data.splits import ROLES, make_splits, read_split, split, write_splits
 from hashdist.errors import InputError
-from hashdist.splits import ROLES, make_splits, read_split, split, write_splits
 from tests.conftest import lock_held_elsewhere
 
 N = 900

@@ -1,10 +1,10 @@
 import numpy as np
 import pytest
 
-from hashdist.bits import n_words, unpack_bits
-from hashdist.dataset import open_dataset
+from hashdist.data.bits import n_words, unpack_bits
+from hashdist.data.dataset import open_dataset
+from hashdist.data.synth import PRESETS, digits_dataset, synth_dataset
 from hashdist.errors import InputError
-from hashdist.synth import PRESETS, digits_dataset, synth_dataset
 
 
 def _all(ds, name):

@@ -1,4 +1,4 @@
-"""Histogram kernel for real-valued distances on a bin axis (hashdist.distance): weighted Hamming and asymmetric.
+"""Histogram kernel for real-valued distances on a bin axis (hashdist.kernels.distance): weighted, asymmetric.
 
 A distance is a sum of per-byte table lookups (8 per 64-bit word) of fixed-point integers, so it
 is the same number in every block, order and process; its bin is a shift (no division per pair)
@@ -12,8 +12,8 @@ import numpy as np
 from numba import njit, types
 from numba.extending import overload
 
-from hashdist.distance import DistanceAxis, query_tables
 from hashdist.kernels import cached_njit, listed_in_block
+from hashdist.kernels.distance import DistanceAxis, query_tables
 from hashdist.kernels.histogram import n_grades
 from hashdist.kernels.popcount import common_bits
 

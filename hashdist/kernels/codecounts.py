@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from hashdist.bits import ball_volumes
+from hashdist.data.bits import ball_volumes
 from hashdist.kernels import cached_njit
 from hashdist.kernels.popcount import hamming
 

@@ -274,7 +274,7 @@ from hashdist.kernels.popcount import common_bits, hamming, popcount64
 
 def _kernel_module_dir() -> Path:
     """Where generated kernels are written as modules, so numba can cache their machine code."""
-    from hashdist.cache import default_cache_dir
+    from hashdist.engine.cache import default_cache_dir
 
     return default_cache_dir() / "kernels"
 

@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from hashdist.bits import ball_volumes
+from hashdist.data.bits import ball_volumes
 from hashdist.metrics.ranking import group_counts
 
 

@@ -12,7 +12,7 @@ per-query storage all read this table. Adding a metric means one :class:`Measure
 its function here; its definition in docs/metrics.md and its key in the README's
 report keys; an independent reference in tests/reference.py that
 tests/test_metrics_reference.py compares it with; and, for a measure no table of
-hashdist.report shows (a per-K value without tie policies, a curve), a place there.
+hashdist.report.evaluation shows (a per-K value without tie policies, a curve), a place there.
 
 Report layout: ``metrics[key][str(parameter value)][variant][policy]``, each level
 present only when the measure has it (``metrics.map.expected``,

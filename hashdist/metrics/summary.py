@@ -36,7 +36,7 @@ class MetricParams:
     max_grade: int | None = None  # the user's cap on graded relevance; None: uncapped (docs/metrics.md, section 5)
     n_database: int | None = None  # database items (Nall): where the grid of cut-offs N ends
     conventions: tuple[str, ...] = ()  # published scripts' mAP@K to reproduce (hashdist.metrics.conventions)
-    distance: str = "hamming"  # the ranking distance (hashdist.distance): radii are in its units
+    distance: str = "hamming"  # the ranking distance (hashdist.kernels.distance): radii are in its units
     radius_bins: tuple[int, ...] | None = None  # a binned distance: the last bin inside each radius
     bin_edges: tuple[float, ...] | None = None  # ... and every bin's upper edge (where the PR curve's points lie)
 

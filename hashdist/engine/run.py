@@ -20,13 +20,11 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from hashdist import precompile
-from hashdist.blocks import Block, block_rows, row_ranges, split_by_pairs
-from hashdist.cache import BlockCache
-from hashdist.codeusage import bit_ones_block, bucket_sizes, code_usage, merge_bucket_sizes
-from hashdist.dataset import Dataset, combine_digests, open_dataset, task_url
+from hashdist.data.dataset import Dataset, combine_digests, open_dataset, task_url
 from hashdist.defaults import DEFAULT_DB_BLOCK_ROWS, DEFAULT_QUERY_BLOCK_ROWS
-from hashdist.distance import DistanceAxis
+from hashdist.engine import precompile
+from hashdist.engine.blocks import Block, block_rows, row_ranges, split_by_pairs
+from hashdist.engine.cache import BlockCache
 from hashdist.errors import InputError, check_integer
 from hashdist.kernels import KERNEL_VERSION
 from hashdist.kernels.binned import binned_histogram_block
@@ -37,7 +35,9 @@ from hashdist.kernels.codecounts import (
     merge_code_counts,
     split_by_code_hash,
 )
+from hashdist.kernels.codeusage import bit_ones_block, bucket_sizes, code_usage, merge_bucket_sizes
 from hashdist.kernels.collapse import auto_histogram_block, should_collapse
+from hashdist.kernels.distance import DistanceAxis
 from hashdist.kernels.hashtable import hashtable_counts
 from hashdist.metrics.summary import MetricParams, aggregate, concat_per_query, per_query_metrics
 

@@ -42,9 +42,7 @@ import numba
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from hashdist.blocks import Block, block_rows, row_ranges
-from hashdist.cache import BlockCache, resolve_cache
-from hashdist.dataset import (
+from hashdist.data.dataset import (
     FEATURES,
     Dataset,
     chunk_digest,
@@ -54,6 +52,8 @@ from hashdist.dataset import (
     task_url,
 )
 from hashdist.defaults import DEFAULT_DB_BLOCK_ROWS, GROUNDTRUTH_QUERY_BLOCK_ROWS
+from hashdist.engine.blocks import Block, block_rows, row_ranges
+from hashdist.engine.cache import BlockCache, resolve_cache
 from hashdist.errors import InputError, check_integer, check_number
 from hashdist.progress import progress_bar
 

@@ -6,8 +6,8 @@ import html
 import os
 from pathlib import Path
 
-from hashdist.atomic import temporary_sibling
-from hashdist.render import fmt, html_figure, html_table, page, png, text_table
+from hashdist.data.atomic import temporary_sibling
+from hashdist.report.render import fmt, html_figure, html_table, page, png, text_table
 
 FLAGS = {"first run": "first run", "not comparable": "not comparable"}
 

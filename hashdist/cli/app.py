@@ -15,6 +15,9 @@ import json
 import os
 import sys
 
+from hashdist.cli.launch import FLOW_COMMANDS
+from hashdist.cli.signals import EXIT_GRACE_S, EXIT_STATUS, SignalWatch, exit_within
+from hashdist.data.protocols import PROTOCOLS
 from hashdist.defaults import (
     DEFAULT_ALPHA,
     DEFAULT_CHUNK_ROWS,
@@ -30,8 +33,6 @@ from hashdist.defaults import (
 )
 from hashdist.errors import InputError, json_object
 from hashdist.metrics.conventions import CONVENTIONS
-from hashdist.protocols import PROTOCOLS
-from hashdist.signals import EXIT_GRACE_S, EXIT_STATUS, SignalWatch, exit_within
 
 DESCRIPTION = """\
 Exact, tie-aware evaluation of binary hash codes for retrieval.
@@ -129,7 +130,7 @@ def _check_split_options(a) -> None:
 
 
 def _run_ingest(a):
-    from hashdist.ingest import append, ingest
+    from hashdist.data.ingest import append, ingest
 
     if a.splits is not None:
         return _ingest_split(a)
@@ -158,7 +159,7 @@ def _run_ingest(a):
 
 
 def _ingest_split(a):
-    from hashdist.ingest import ingest_split
+    from hashdist.data.ingest import ingest_split
 
     for option in ("codes", "labels", "strategy", "run"):
         if getattr(a, option) is None:
@@ -236,7 +237,7 @@ def _check_synth_source(a) -> None:
 
 
 def _run_synth(a):
-    from hashdist import synth
+    from hashdist.data import synth
 
     _check_synth_source(a)
     if a.splits is not None and not a.digits:
@@ -282,11 +283,17 @@ def _run_synth(a):
     return f"wrote {a.out}"
 
 
+def _add_engine_option(p) -> None:
+    """--engine, defaulting to the flow for the commands the console script starts an API server for."""
+    default = "flow" if p.prog.split()[-1] in FLOW_COMMANDS else "local"
+    p.add_argument("--engine", choices=["flow", "local"], default=default,
+                   help=f"flow: Prefect + Dask; local: threads in this process (default {default})")
+
+
 def _add_execution_options(p, query_block_rows: int):
     """Where blocks run (engine, cluster), how large they are (``query_block_rows``: the command's default), and
     the block cache."""
-    p.add_argument("--engine", choices=["flow", "local"], default="flow",
-                   help="flow: Prefect + Dask (default); local: threads in this process")
+    _add_engine_option(p)
     p.add_argument("--address", help="existing Dask scheduler, tcp://HOST:PORT or tls://HOST:PORT (default "
                    "$HASHDIST_DASK_ADDRESS)")
     p.add_argument("--cluster-class", help="per-run cluster class, e.g. dask_jobqueue.SLURMCluster (default "
@@ -308,7 +315,7 @@ def _check_execution(a) -> None:
     """One block cache choice, and one that is a directory; positive worker and thread counts; the cluster
     options only with the flow engine, which places the blocks on a cluster (``--engine local`` runs threads
     in this process)."""
-    from hashdist.cache import resolve_cache
+    from hashdist.engine.cache import resolve_cache
 
     if a.cache is not None and a.no_cache:
         raise InputError("--cache and --no-cache: give one of them")
@@ -407,7 +414,7 @@ def _add_evaluate(sub):
 
 
 def _run_evaluate(a):
-    from hashdist.atomic import exclusive
+    from hashdist.data.atomic import exclusive
 
     with exclusive(a.out):  # a second run into the same --out is refused, not interleaved
         return _evaluate_into(a)
@@ -426,7 +433,7 @@ def _evaluate_options(a) -> dict:
 def _check_evaluate(a):
     """--out, --history, --cluster-kwargs, the dataset and every metric option."""
     from hashdist.api import prepare
-    from hashdist.report import check_output_dir
+    from hashdist.report.evaluation import check_output_dir
 
     check_output_dir(a.out, a.overwrite, (a.dataset, a.bit_weights))
     if a.history is not None:
@@ -448,12 +455,12 @@ def _evaluate_into(a):
         evaluation = evaluate_local(a.dataset, cache=cache, threads=a.threads, progress=not a.quiet, **options)
         evaluation.write(a.out, overwrite=a.overwrite, html=not a.no_html, started_at=started_at)
         if a.history is not None:
-            from hashdist.history import record
+            from hashdist.compare.history import record
 
             evaluation.verdict = record(a.history, evaluation)
     else:
         from flows.evaluate import run_evaluation
-        from hashdist.history import SignificantDrop
+        from hashdist.compare.history import SignificantDrop
 
         if a.history is not None:  # a flow parameter: the flow records the run and fails on a significant drop
             options["history"] = a.history
@@ -477,7 +484,7 @@ def _check_history_option(a):
     rerun replaces)."""
     from pathlib import Path
 
-    from hashdist.history import check_history_dir
+    from hashdist.compare.history import check_history_dir
 
     check_history_dir(a.history)
     history, out = Path(a.history).absolute(), Path(a.out).absolute()
@@ -487,7 +494,7 @@ def _check_history_option(a):
 
 
 def _evaluate_output(a, evaluation, verdict) -> str:
-    from hashdist.report import format_table, json_safe
+    from hashdist.report.evaluation import format_table, json_safe
 
     out = a.out
     if a.json:
@@ -527,8 +534,7 @@ def _add_compare(sub):
                    help=f"sign-flip permutations per test (default {DEFAULT_PERMUTATIONS})")
     p.add_argument("--seed", type=int, default=DEFAULT_SEED,
                    help=f"seed of the randomisation tests and bootstrap (default {DEFAULT_SEED})")
-    p.add_argument("--engine", choices=["flow", "local"], default="flow",
-                   help="flow: Prefect + Dask (default); local: threads in this process")
+    _add_engine_option(p)
     p.add_argument("--cache", help="block result store (default: the per-user cache)")
     p.add_argument("--no-cache", action="store_true", help="compute every block, store nothing")
     p.add_argument("--latex", action="store_true",
@@ -540,7 +546,7 @@ def _add_compare(sub):
 
 def _check_compare(a):
     """Every --method's datasets (the same queries and ground truth), the options and --out."""
-    from hashdist.compare import validate
+    from hashdist.compare.comparison import validate
 
     _check_execution(a)
     validate(a.method, k=a.k, radius=a.radius, permutations=a.permutations, seed=a.seed, out=a.out,
@@ -548,9 +554,9 @@ def _check_compare(a):
 
 
 def _run_compare(a):
-    from hashdist.atomic import exclusive
-    from hashdist.compare import compare
-    from hashdist.compare_report import format_leaderboard
+    from hashdist.compare.comparison import compare
+    from hashdist.data.atomic import exclusive
+    from hashdist.report.comparison import format_leaderboard
 
     tables = [kind for kind in ("latex", "markdown") if getattr(a, kind)]
     options = dict(k=a.k, radius=a.radius, permutations=a.permutations, seed=a.seed,
@@ -587,14 +593,14 @@ def _add_groundtruth(sub):
 
 
 def _groundtruth_options(a) -> dict:
-    """What ``hashdist.groundtruth.prepare`` takes from the command line."""
+    """What ``hashdist.engine.groundtruth.prepare`` takes from the command line."""
     return dict(method=a.method, neighbors=a.neighbors, sample=a.sample, seed=a.seed, epsilon=a.epsilon,
                 percent=a.percent, query_block_rows=a.query_block_rows, db_block_rows=a.db_block_rows)
 
 
 def _check_groundtruth(a):
     """The execution options, the dataset's features and the method's options."""
-    from hashdist import groundtruth
+    from hashdist.engine import groundtruth
 
     _check_execution(a)
     groundtruth.prepare(a.dataset, **_groundtruth_options(a))
@@ -605,7 +611,7 @@ def _run_groundtruth(a):
     options = _groundtruth_options(a)
     cache = False if a.no_cache else a.cache
     if a.engine == "local":
-        from hashdist import groundtruth
+        from hashdist.engine import groundtruth
 
         gt, run = groundtruth.run_local(a.dataset, cache=cache, threads=a.threads, progress=not a.quiet, **options)
         summary = {**groundtruth.write(a.dataset, gt).attrs()["groundtruth"], **run}
@@ -654,7 +660,7 @@ def _add_split(sub):
 
 
 def _run_split(a):
-    from hashdist.splits import DEFAULT_SIZES, STRATEGIES, protocol_options, split
+    from hashdist.data.splits import DEFAULT_SIZES, STRATEGIES, protocol_options, split
 
     strategies = a.strategy or STRATEGIES
     sizes = {role: getattr(a, role) for role in DEFAULT_SIZES if getattr(a, role) is not None}
@@ -708,9 +714,9 @@ def _add_history(sub):
 def _run_history(a):
     from pathlib import Path
 
-    from hashdist.history import trend
-    from hashdist.history_report import format_trend, write_history_html
-    from hashdist.report import json_safe
+    from hashdist.compare.history import trend
+    from hashdist.report.evaluation import json_safe
+    from hashdist.report.history import format_trend, write_history_html
 
     result = trend(a.history, alpha=a.alpha, permutations=a.permutations, seed=a.seed, min_drop=a.min_drop)
     page = None
@@ -752,7 +758,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None, server=None, collector_paused: bool = False) -> int:
     """The command line; ``server``: a temporary Prefect API server already started for a flow run
-    (``flows.apiserver.launch``), stopped here if the command does not run a flow; ``collector_paused``: the
+    (``hashdist.cli.launch``), stopped here if the command does not run a flow; ``collector_paused``: the
     caller turned Python's garbage collector off while modules load, to be turned on when the command starts."""
     try:
         args = build_parser().parse_args(argv)

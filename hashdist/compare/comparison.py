@@ -33,7 +33,7 @@ With repeated runs (T > 1) the run is the unit of the statistics:
   mlgap_ci, code_usage}`` per run, as above) and ``over_runs {label: {values, mean, sd, ci}}``
   for the headline measures (``headline_rows`` labels, expected over tie orders, radius
   measures at the largest radius) and ``mAP worst`` / ``mAP best``: each run's value, the mean,
-  the sample sd and the 95% t interval over runs (``hashdist.stats.t_interval``). There is no
+  the sample sd and the 95% t interval over runs (``hashdist.compare.stats.t_interval``). There is no
   method-level ``dataset``, ``fingerprint``, ``metrics``, ``map_ci``, ``mlgap_ci`` or
   ``code_usage``: they belong to a run.
 - ``pairs["A|B"]``: the same dicts, with metric ``map`` (each run's mAP, expected) and
@@ -60,24 +60,24 @@ from itertools import combinations
 
 import numpy as np
 
-from hashdist.compare_report import (
-    COMPARISON_MARKER,
-    check_comparison_dir,
-    map_interval,
-    per_run_labels,
-    write_comparison,
-)
-from hashdist.dataset import Dataset, chunk_digest, combine_digests, open_dataset
-from hashdist.defaults import DEFAULT_BOOTSTRAP, DEFAULT_K, DEFAULT_PERMUTATIONS, DEFAULT_RADII, DEFAULT_SEED
-from hashdist.errors import InputError, check_integer
-from hashdist.metrics.registry import AP_EXPECTED, BY_KEY, headline_rows, per_query_key
-from hashdist.stats import (
+from hashdist.compare.stats import (
     bootstrap_ci,
     exact_randomization_pvalue,
     holm,
     paired_t_pvalue,
     randomization_pvalue,
     t_interval,
+)
+from hashdist.data.dataset import Dataset, chunk_digest, combine_digests, open_dataset
+from hashdist.defaults import DEFAULT_BOOTSTRAP, DEFAULT_K, DEFAULT_PERMUTATIONS, DEFAULT_RADII, DEFAULT_SEED
+from hashdist.errors import InputError, check_integer
+from hashdist.metrics.registry import AP_EXPECTED, BY_KEY, headline_rows, per_query_key
+from hashdist.report.comparison import (
+    COMPARISON_MARKER,
+    check_comparison_dir,
+    map_interval,
+    per_run_labels,
+    write_comparison,
 )
 
 _NAME = re.compile(r"^[A-Za-z0-9_.+-]+(@[A-Za-z0-9_.+-]+)?$")

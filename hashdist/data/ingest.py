@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from hashdist.atomic import check_apart
-from hashdist.bits import (
+from hashdist.data.atomic import check_apart
+from hashdist.data.bits import (
     check_code_convention,
     code_values,
     label_kind,
@@ -22,61 +22,10 @@ from hashdist.bits import (
     pack_bits,
     pack_label_block,
 )
-from hashdist.dataset import MAX_NBITS, DatasetWriter
+from hashdist.data.dataset import MAX_NBITS, DatasetWriter
+from hashdist.data.inputs import check_scores, load_array
 from hashdist.defaults import DEFAULT_CHUNK_ROWS, DEFAULT_QUERY_CHUNK_ROWS
-from hashdist.distance import check_scores
 from hashdist.errors import InputError, check_integer, is_integer
-
-
-def _npy_dtype(path) -> np.dtype | None:
-    """The dtype in a .npy file's header, None for a .npz (a zip); InputError for any other file."""
-    with open(path, "rb") as f:
-        magic = f.read(6)
-        if magic.startswith(b"PK\x03\x04"):
-            return None
-        if magic != b"\x93NUMPY":
-            raise InputError(f"{path}: not a .npy/.npz file")
-        f.seek(0)
-        read_header = np.lib.format.read_array_header_1_0
-        if np.lib.format.read_magic(f) != (1, 0):
-            read_header = np.lib.format.read_array_header_2_0
-        return read_header(f)[2]
-
-
-def load_array(path) -> np.ndarray:
-    """Memory-map a .npy (or load the single array of a .npz); refuse pickles and bad files."""
-    path = str(path)
-    name, _, key = path.partition(".npz:")
-    if key:
-        path = name + ".npz"
-    if not Path(path).is_file():
-        raise InputError(f"{path}: no such file")
-    pickled = InputError(f"{path}: contains a pickled object array (hashdist never loads pickles)")
-    try:
-        dtype = _npy_dtype(path)
-        if dtype is not None and dtype.hasobject:
-            raise pickled
-        loaded = np.load(path, mmap_mode="r", allow_pickle=False)
-    except InputError:
-        raise
-    except ValueError as exc:
-        raise InputError(f"{path}: not a readable .npy/.npz file ({exc})") from None
-    except Exception as exc:
-        raise InputError(f"{path}: not a readable .npy/.npz file ({type(exc).__name__})") from None
-    if isinstance(loaded, np.lib.npyio.NpzFile):
-        with loaded:
-            names = loaded.files
-            if key:
-                if key not in names:
-                    raise InputError(f"{path}: has no array {key!r} (has {', '.join(names)})")
-                names = [key]
-            if len(names) != 1:
-                raise InputError(f"{path}: holds {len(names)} arrays; name one as {path}:NAME")
-            try:
-                loaded = loaded[names[0]]
-            except ValueError:
-                raise pickled from None
-    return loaded
 
 
 def _check_paths(**arguments) -> None:
@@ -321,7 +270,7 @@ def append(dataset, db_codes, db_labels=None, *, packed: bool = False, nbits: in
     ``nbits``, if given, must be the dataset's. Every check that needs only shapes runs before anything is
     written; values are validated block by block as they are written into the staged new version.
     """
-    from hashdist.dataset import append_database_rows, open_dataset
+    from hashdist.data.dataset import append_database_rows, open_dataset
 
     _check_paths(db_codes=db_codes, db_labels=db_labels)
     ds = open_dataset(dataset)
@@ -366,8 +315,8 @@ def split_roles(strategy: str, validation: bool) -> tuple[str, str]:
 def split_record(splits, attrs: dict, strategy: str, run: int, validation: bool, roles: dict) -> dict:
     """A split run's dataset's ``split`` attribute: the store, strategy, run, its two roles, the store's seed
     (from its attributes ``attrs``) and the digest of the two index arrays (``roles``: from
-    :func:`hashdist.splits.read_split`)."""
-    from hashdist.dataset import chunk_digest, combine_digests
+    :func:`hashdist.data.splits.read_split`)."""
+    from hashdist.data.dataset import chunk_digest, combine_digests
 
     query_role, db_role = split_roles(strategy, validation)
     return {"splits": str(splits), "strategy": strategy, "run": int(run), "queries": query_role,
@@ -385,7 +334,7 @@ def ingest_split(out, codes, labels, splits, *, strategy: str, run: int, validat
     straight from the memory-mapped pooled files, chunk by chunk. The dataset records the split in its
     ``split`` attribute (store, strategy, run, roles, seed and the digest of the two index arrays).
     """
-    from hashdist.splits import check_drawn_from, read_split, store_attrs
+    from hashdist.data.splits import check_drawn_from, read_split, store_attrs
 
     _check_paths(codes=codes, labels=labels)
     check_apart(out, (codes, labels, splits))

@@ -17,12 +17,12 @@ from typing import NamedTuple
 
 import numpy as np
 
-from hashdist.atomic import check_apart, staged_directory
-from hashdist.codeusage import rank_size_steps
+from hashdist.data.atomic import check_apart, staged_directory
 from hashdist.errors import InputError
+from hashdist.kernels.codeusage import rank_size_steps
 from hashdist.metrics.conventions import BY_NAME
 from hashdist.metrics.registry import AP_EXPECTED, FIELD_LABELS, MEASURES, POLICIES, lookup
-from hashdist.render import fmt, html_definitions, html_figure, html_table, log_count_axes, page, png, text_table
+from hashdist.report.render import fmt, html_definitions, html_figure, html_table, log_count_axes, page, png, text_table
 
 __all__ = ["format_table", "render_html", "tables", "write_outputs"]
 
@@ -114,7 +114,7 @@ def _unshown(measures=MEASURES) -> list[str]:
 def tables(report: dict) -> list[tuple[str, list[str], list[list[str]]]]:
     """(caption, header, rows) of every tabulated measure of the registry, in registry order."""
     if _unshown():
-        raise RuntimeError(f"hashdist.report shows no table or figure of the measures {_unshown()}")
+        raise RuntimeError(f"hashdist.report.evaluation shows no table or figure of the measures {_unshown()}")
     m = report["metrics"]
     name, ties = distance_words(report)
     ranked = [[measure.label_for(value, variant), *(fmt(v[p]) for p in POLICIES)]

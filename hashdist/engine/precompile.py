@@ -52,7 +52,7 @@ def start() -> None:
     with _lock:
         if _process is not None or not _needs_compiling():
             return
-        code = "from hashdist.precompile import compile_second_share; compile_second_share()"
+        code = "from hashdist.engine.precompile import compile_second_share; compile_second_share()"
         _process = subprocess.Popen([sys.executable, "-c", code, str(os.getpid())], stdin=subprocess.DEVNULL,
                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         atexit.register(_stop)

@@ -31,9 +31,9 @@ from pathlib import Path
 
 import numpy as np
 
-from hashdist.atomic import check_apart, staged_directory
-from hashdist.bits import n_words, pack_bits, unpack_bits
-from hashdist.dataset import (
+from hashdist.data.atomic import check_apart, staged_directory
+from hashdist.data.bits import n_words, pack_bits, unpack_bits
+from hashdist.data.dataset import (
     DEFAULT_CHUNK_ROWS,
     DEFAULT_QUERY_CHUNK_ROWS,
     MAX_NBITS,
@@ -422,8 +422,8 @@ def digits_dataset(
         ti = di
         params.update(n_queries=n_queries, n_database=len(di), trained_on="database")
     else:
-        from hashdist.ingest import split_record, split_roles
-        from hashdist.splits import check_drawn_from, read_split, store_attrs
+        from hashdist.data.ingest import split_record, split_roles
+        from hashdist.data.splits import check_drawn_from, read_split, store_attrs
 
         roles, attrs = read_split(splits, strategy, run), store_attrs(splits)
         if max(int(v.max(initial=-1)) for v in roles.values()) >= n:

@@ -33,7 +33,7 @@ runs are "not comparable" and nothing is flagged. Runs are ordered by time (then
 The test (:func:`compare_runs`): over the queries evaluated in both runs (at least one relevant
 item), the paired differences d = AP(new) - AP(old); the mean difference, the two-sided sign-flip
 randomisation p-value (``permutations`` sign patterns from a fixed ``seed``;
-:func:`hashdist.stats.randomization_pvalue`) and the paired t-test p-value. The decision uses the
+:func:`hashdist.compare.stats.randomization_pvalue`) and the paired t-test p-value. The decision uses the
 randomisation p-value (no assumption on the distribution of d); the t-test is reported beside it.
 A run is **flagged** when the randomisation p-value is below ``alpha`` and the mean difference is
 a drop larger than ``min_drop`` (default 0: any significant drop).
@@ -41,7 +41,7 @@ a drop larger than ``min_drop`` (default 0: any significant drop).
 Appending is atomic: the run's group is built in a hidden temporary sibling inside ``runs/`` and
 renamed into place (a new store is built whole and renamed), so a crashed append leaves the store
 as it was, readable (readers skip hidden entries; the next append removes the leftover). Writers
-take hashdist's advisory lock next to the store (:func:`hashdist.atomic.exclusive`), waiting up to
+take hashdist's advisory lock next to the store (:func:`hashdist.data.atomic.exclusive`), waiting up to
 ``wait`` seconds for another writer; readers need no lock.
 
 Library functions only, no Prefect: :func:`append_run`, :func:`load_history`,
@@ -63,7 +63,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hashdist.atomic import exclusive, temporary_sibling
+from hashdist.data.atomic import exclusive, temporary_sibling
 from hashdist.defaults import DEFAULT_ALPHA, DEFAULT_PERMUTATIONS, DEFAULT_SEED
 from hashdist.errors import InputError, check_integer
 from hashdist.metrics.registry import AP_EXPECTED, headline_rows
@@ -139,7 +139,7 @@ def query_set(dataset) -> dict:
     Content digests of ``queries/labels`` if present, else ``queries/features``; without either, the
     recorded fingerprints of the explicit relevance lists (``queries/relevant/*``).
     """
-    from hashdist.dataset import CSR, chunk_digest, combine_digests, open_dataset
+    from hashdist.data.dataset import CSR, chunk_digest, combine_digests, open_dataset
 
     ds = dataset if hasattr(dataset, "fingerprints") else open_dataset(dataset)
     q = ds.n_queries
@@ -155,7 +155,7 @@ def query_set(dataset) -> dict:
 
 
 def _json_safe(x):
-    from hashdist.report import json_safe
+    from hashdist.report.evaluation import json_safe
 
     return json_safe(x)
 
@@ -166,7 +166,7 @@ def make_entry(evaluation, when=None) -> tuple[dict, dict[str, np.ndarray]]:
     Opens the evaluated dataset (report["dataset"]["path"]) for its query set, and refuses it when its
     fingerprint is no longer the evaluated one (it changed since).
     """
-    from hashdist.dataset import open_dataset
+    from hashdist.data.dataset import open_dataset
 
     report = evaluation.report
     d = report["dataset"]
@@ -285,7 +285,7 @@ def load_history(history_dir, *, arrays: bool = True) -> list[dict]:
     ``relevant`` as numpy arrays. A missing path or one that is not a history store is an InputError."""
     import zarr
 
-    from hashdist.dataset import missing_chunk
+    from hashdist.data.dataset import missing_chunk
 
     path = check_history_dir(history_dir, must_exist=True)
     runs_dir = path / "runs"
@@ -346,7 +346,7 @@ def compare_runs(old: dict | None, new: dict, *, alpha: float = DEFAULT_ALPHA,
     previous_time, map, previous_map, map_change (report mAP, expected), shared_queries, mean_ap_previous,
     mean_ap, mean_ap_diff (over the shared queries), randomization_pvalue, t_pvalue, significant, drop, alpha,
     permutations, seed, min_drop, reason, message (one line)."""
-    from hashdist.stats import paired_t_pvalue, randomization_pvalue
+    from hashdist.compare.stats import paired_t_pvalue, randomization_pvalue
 
     check_test_options(alpha, permutations, seed, min_drop)
     verdict = {

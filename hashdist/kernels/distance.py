@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hashdist.bits import n_words
+from hashdist.data.bits import n_words
 from hashdist.errors import InputError, check_integer
 
 KINDS = ("hamming", "weighted", "asymmetric")
@@ -88,19 +88,6 @@ def check_weights(weights, nbits: int, n_queries: int, name: str = "--bit-weight
     if (w < 0).any():
         raise InputError(f"{name}: weights must be non-negative, got {w.min()}")
     return np.ascontiguousarray(w)
-
-
-def check_scores(scores, nbits: int, n_queries: int, name: str = "--query-scores") -> np.ndarray:
-    """Real-valued query vectors as float64 (Q, B), finite: kept as given (a float32 input exactly), so the
-    certified interval is the one of the ranking by these values."""
-    y = np.asarray(scores)
-    if y.dtype.kind != "f":
-        raise InputError(f"{name}: query scores must be float32 or float64, got dtype {y.dtype}")
-    if y.shape != (n_queries, nbits):
-        raise InputError(f"{name}: query scores must have shape ({n_queries}, {nbits}), got {y.shape}")
-    if not np.isfinite(y).all():
-        raise InputError(f"{name}: query scores contain NaN or infinity")
-    return np.ascontiguousarray(y, dtype=np.float64)
 
 
 def check_bins(bins) -> int:

@@ -37,8 +37,8 @@ import numpy as np
 import zarr
 from zarr.codecs import Crc32cCodec, ZstdCodec
 
-from hashdist.atomic import exclusive, staged_directory
-from hashdist.bits import n_words
+from hashdist.data.atomic import exclusive, staged_directory
+from hashdist.data.bits import n_words
 from hashdist.defaults import DEFAULT_CHUNK_ROWS, DEFAULT_QUERY_CHUNK_ROWS
 from hashdist.errors import InputError
 

@@ -18,7 +18,7 @@ Roles, in drawing order:
 unless its size is given; then the items left over belong to no role (``unused``, only ``improved``
 has any). Default sizes (DEFAULT_SIZES): 1000 test queries, 5000 test database items, 1000 validation
 queries and 5000 validation database items. Validation sizes may be 0 (no validation sets, as in the
-literature protocols of hashdist.protocols); every other set has at least one item.
+literature protocols of hashdist.data.protocols); every other set has at least one item.
 
 Balance: items are grouped by class label; by first label (lowest set column) for multi-hot labels,
 items with no label forming a group of their own; all in one group without labels. A set of size s
@@ -41,10 +41,10 @@ from pathlib import Path
 import numpy as np
 import zarr
 
-from hashdist.atomic import check_apart, staged_directory
-from hashdist.dataset import _create_rows_array, missing_chunk
+from hashdist.data.atomic import check_apart, staged_directory
+from hashdist.data.dataset import _create_rows_array, missing_chunk
+from hashdist.data.inputs import load_array
 from hashdist.errors import InputError, check_integer, is_integer
-from hashdist.ingest import load_array
 
 FORMAT = "hashdist-splits"
 FORMAT_VERSION = 1
@@ -202,9 +202,9 @@ def check_drawn_from(path, attrs: dict, labels, name: str = "--labels") -> None:
 
 
 def protocol_options(name: str) -> dict:
-    """``strategies`` and ``sizes`` of a literature protocol (hashdist.protocols) for :func:`make_splits`;
+    """``strategies`` and ``sizes`` of a literature protocol (hashdist.data.protocols) for :func:`make_splits`;
     the validation sets it does not size are empty."""
-    from hashdist.protocols import get_protocol
+    from hashdist.data.protocols import get_protocol
 
     protocol = get_protocol(name)
     return {"strategies": (protocol.strategy,),

@@ -2,7 +2,7 @@
 
 Leaderboard columns are the registry's headline measures (``hashdist.metrics.registry``),
 expected over tie orders, radius measures at the comparison's largest radius. With repeated
-runs (``hashdist.compare``) every cell is ``mean ± sd`` over the runs (sample sd), the mAP
+runs (``hashdist.compare.comparison``) every cell is ``mean ± sd`` over the runs (sample sd), the mAP
 tie interval is [mean worst, mean best] and the mAP 95% interval is the t interval over runs;
 the text adds each run's mAP and mLGAP, the HTML page a table of every run's values per method,
 and the paper tables bold the best mean.
@@ -16,12 +16,12 @@ from pathlib import Path
 
 import numpy as np
 
-from hashdist.atomic import check_apart, staged_directory
-from hashdist.codeusage import rank_size_steps
+from hashdist.compare.stats import t_interval
+from hashdist.data.atomic import check_apart, staged_directory
 from hashdist.errors import InputError
+from hashdist.kernels.codeusage import rank_size_steps
 from hashdist.metrics.registry import BY_KEY, FIELD_LABELS, MEASURES, headline_rows, lookup
-from hashdist.render import fmt, html_figure, html_table, log_count_axes, page, png, text_table
-from hashdist.stats import t_interval
+from hashdist.report.render import fmt, html_figure, html_table, log_count_axes, page, png, text_table
 
 COMPARISON_MARKER = "hashdist-comparison"
 
@@ -47,7 +47,7 @@ def write_comparison(out, comparison: dict, occupancy: dict, *, overwrite: bool 
                      tables: tuple[str, ...] = ()) -> Path:
     """comparison.json and a self-contained comparison.html, replacing ``out`` atomically; with ``tables``
     ("latex", "markdown") also leaderboard.tex / leaderboard.md, the leaderboard as a table for a paper."""
-    from hashdist.report import json_safe
+    from hashdist.report.evaluation import json_safe
 
     out = Path(out)
     with staged_directory(check_comparison_dir(out, overwrite)) as tmp:

@@ -342,7 +342,7 @@ def flickr_end_to_end(work: Path, data: Path, env: dict, helpers, repeats: int =
     runs = alternate(flow_cmd, local_cmd, out, env, TIMEOUT_FLICKR, repeats, "flickr1m")
 
     import hashdist
-    from hashdist.engine.run import largest_possible_grade
+    from hashdist.engine.plan import largest_possible_grade
     from hashdist.kernels.histogram import histogram_block
 
     ds = hashdist.open_dataset(data)

@@ -34,7 +34,6 @@ import math
 import time
 from dataclasses import dataclass
 
-import numpy as np
 from distributed import as_completed, wait
 from prefect import flow, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
@@ -47,35 +46,20 @@ from flows.runtime import (
     api_for_workers,
     cache_parameter,
     cluster_threads,
+    handed_over,
+    taken,
     task_runner,
     workers_in_this_process,
 )
-from hashdist.api import Evaluation, build_report, prepare
-from hashdist.defaults import DEFAULT_BETA, DEFAULT_DISTANCE_BINS, DEFAULT_RADII
+from hashdist.engine import precompile
 from hashdist.engine.cache import resolve_cache
-from hashdist.engine.run import (
-    TALLIES,
-    CodePieces,
-    RunResult,
-    add_sums,
-    assemble,
-    code_part,
-    code_passes,
-    count_codes,
-    count_shares,
-    for_threads,
-    item_metrics,
-    item_sums,
-    metric_items,
-    part_max_buckets,
-    precompile,
-    query_shells,
-    run_blocks,
-    work_shares,
-)
-from hashdist.kernels.codeusage import bucket_sizes
+from hashdist.engine.compute import CodePieces, count_codes, run_blocks
+from hashdist.engine.plan import code_passes, count_shares, for_threads, metric_items, work_shares
+from hashdist.engine.reduction import RunResult, item_sums, reduce_blocks
 from hashdist.metrics.registry import headline_rows
+from hashdist.options import EvaluateOptions, ExecutionOptions, PreparedRun, split_keywords
 from hashdist.progress import advance, progress_bar
+from hashdist.report.document import Evaluation, build_report
 
 # pairs one histogram task may take (a few seconds of one core): the floor on task count for huge runs
 PAIRS_PER_TASK = 2e10
@@ -156,30 +140,14 @@ def _share_tallies(state):
     return _value(state).tallies
 
 
-def _piece(state, part: int):
-    pieces = _value(state).pieces.get(part)
-    return pieces[0] if pieces else None
-
-
-def _bit_ones(state):
-    return _value(state).bit_ones
-
-
 def _share_counts(state) -> CodePieces:
     """The code counts a completed share-and-counts task carries, apart from its histograms."""
     return _value(state).counts
 
 
-def _part_bucket_sizes(part):
-    return bucket_sizes(part.counts)
-
-
-def _tree(client, combine, futures):
-    """``combine`` applied pairwise, level by level, down to one future (a balanced reduction tree)."""
-    while len(futures) > 1:
-        futures = [client.submit(combine, *futures[i : i + 2]) if i + 1 < len(futures) else futures[i]
-                   for i in range(0, len(futures), 2)]
-    return futures[0]
+def _counts(state) -> CodePieces:
+    """A completed code-counts task's CodePieces."""
+    return _value(state)
 
 
 @dataclass
@@ -200,86 +168,85 @@ def pick_share(client, items, blocks, state) -> SharePicks:
                       tallies=client.submit(_share_tallies, state))
 
 
-def submit_counts(plan, parts: range, threads: int) -> list:
-    """One pass of code counting: a ``code-counts`` task per cluster thread (Dask futures of their states)."""
-    return [count_task.submit(plan, group, parts).wrapped_future for group in count_shares(plan, threads)]
+class DaskExecutor:
+    """The reduction's executor on a Dask client: each step runs on the workers, beside the data it takes."""
+
+    def __init__(self, client):
+        self.client = client
+
+    def submit(self, function, *args):
+        return self.client.submit(function, *args)
+
+    def wait(self, handles) -> None:
+        wait(handles)
+
+    def gather(self, nested):
+        return self.client.gather(nested)
 
 
-def reduce_on_cluster(client, plan, params, items, picks: list[SharePicks], threads: int, first_counts: list
-                      ) -> RunResult:
-    """The RunResult from the shares' picks, reduced on the workers, and the code counts, one pass of code
-    parts at a time (``first_counts``: the first pass, submitted with the histogram tasks); only per-query
-    values and tallies are gathered here. The plan and parameters (a few KB) travel inside the tasks: scattered
-    data cannot be recomputed, and a broadcast scatter waits forever for a worker that died meanwhile."""
-    t0 = time.perf_counter()
-    sums = [_tree(client, add_sums, [share.sums[i] for share in picks if i in share.sums]) for i in range(len(items))]
-    shells = [client.submit(query_shells, plan, s) for s in sums]
-    found, sizes, bit_ones = [[] for _ in items], [], []
-    for parts in code_passes(plan):
-        counted = first_counts if parts.start == 0 else submit_counts(plan, parts, threads)
-        _raise_failures(client, counted)
+def reduce_on_cluster(client, plan, params, picks: list[SharePicks], threads: int, first_counts: list) -> RunResult:
+    """:func:`hashdist.engine.reduction.reduce_blocks` on the workers, over the shares' picks and the code counts
+    (``first_counts``: the first pass's, submitted with the histogram tasks; later passes as ``code-counts``
+    tasks). Only per-query values and tallies are gathered here. The plan and parameters (a few KB) travel inside
+    the tasks: scattered data cannot be recomputed, and a broadcast scatter waits forever for a worker that died
+    meanwhile."""
+    item_parts = [[share.sums[i] for share in picks if i in share.sums] for i in range(len(metric_items(plan)))]
+
+    def count_pass(parts):
         if parts.start == 0:
-            bit_ones = [client.submit(_bit_ones, state) for state in counted]
-        for p in parts:
-            part = client.submit(code_part, plan, [client.submit(_piece, state, p) for state in counted])
-            for i, (_, start, stop) in enumerate(items):
-                found[i].append(client.submit(part_max_buckets, plan, part, start, stop, shells[i]))
-            sizes.append(client.submit(_part_bucket_sizes, part))
-        wait([f for fs in found for f in fs[-len(parts):]] + sizes[-len(parts):])  # this pass's parts are done
-    M = [_tree(client, np.maximum, fs) for fs in found]
-    t1 = time.perf_counter()
-    precompile.join()  # a first run: the measures compile on two cores (for the cluster's threads in this process)
-    values = [client.submit(item_metrics, params, s, m) for s, m in zip(sums, M, strict=True)]
-    values, sizes, bit_ones, tallies = client.gather([values, sizes, bit_ones, [share.tallies for share in picks]])
-    totals = {key: sum(t[key] for t in tallies) for key in TALLIES}
-    result = assemble(plan, params, values, sizes, sum(bit_ones), totals)
-    result.timing = {"reduce_s": t1 - t0, "metrics_s": time.perf_counter() - t1}
-    return result
+            return first_counts
+        states = [count_task.submit(plan, group, parts).wrapped_future for group in count_shares(plan, threads)]
+        _raise_failures(client, states)
+        return [client.submit(_counts, state) for state in states]
+
+    return reduce_blocks(DaskExecutor(client), plan, params, item_parts, [share.tallies for share in picks],
+                         count_pass)
 
 
 @flow(name="evaluate", persist_result=False, log_prints=True, task_runner=task_runner())
 def evaluate(
     dataset: str,
+    options: EvaluateOptions = EvaluateOptions(),  # noqa: B008 - frozen: one shared default is safe
     out: str | None = None,
-    k: list[int] | None = None,
-    radius: list[int | float] = DEFAULT_RADII,
-    beta: float = DEFAULT_BETA,
-    empty_queries: str = "exclude",
-    relevance: str | None = None,
-    max_grade: int | None = None,
-    query_block_rows: int | None = None,
-    db_block_rows: int | None = None,
-    hashtable: list[str] = (),
-    conventions: list[str] = (),
-    protocol: str | None = None,
-    distance: str | None = None,
-    bit_weights: str | None = None,
-    distance_bins: int = DEFAULT_DISTANCE_BINS,
-    code_parts: int | None = None,
-    cache: str | bool | None = None,
     overwrite: bool = False,
     html: bool = True,
+    cache: str | bool | None = None,
     progress: bool = False,
     started_at: float | None = None,
     history: str | None = None,
+    prepared: str | None = None,
 ) -> Evaluation:
-    """Evaluate DATASET; with ``out``, write report.json, per_query.zarr and report.html there."""
+    """Evaluate DATASET with ``options``; with ``out``, write report.json, per_query.zarr and report.html there;
+    with ``history``, record the run there and fail on a significant drop. ``prepared``: the key of a run that
+    :func:`run_evaluation` checked in this process, so it is not checked again."""
     t_start = time.time()
-    ds, params, plan, parameters = prepare(
-        dataset, k=k, radius=radius, beta=beta, empty_queries=empty_queries, relevance=relevance,
-        max_grade=max_grade, query_block_rows=query_block_rows, db_block_rows=db_block_rows, hashtable=hashtable,
-        conventions=conventions, protocol=protocol, distance=distance, bit_weights=bit_weights,
-        distance_bins=distance_bins, code_parts=code_parts,
-    )
-    cache_arg = resolve_cache(cache).argument
+    run = taken(prepared) or options.resolve(dataset)
+    result, plan, threads, t_compute = _compute(run, resolve_cache(cache).argument, progress, t_start)
+    started_at = started_at or t_start
+    timing = {"startup_s": t_start - started_at, "compute_s": t_compute - t_start, **result.timing, "write_s": 0.0,
+              "wall_s": time.time() - started_at}
+    engine = {"kind": "prefect-dask", "flow": "evaluate", "threads": threads, "code_parts": plan.code_parts}
+    report = build_report(run.ds, plan, run.parameters, result, timing, engine)
+    evaluation = Evaluation(report, result.per_query, result.bucket_sizes)
+    if out is not None:
+        evaluation.write(out, overwrite=overwrite, html=html, started_at=started_at)
+    _publish_artifacts(report)
+    if history is not None:  # append to the history store, compare with the previous run (flows/history.py)
+        evaluation.verdict = verdict = watch(evaluation, history)
+        if verdict["flagged"]:  # Failed, message "mAP dropped significantly: ..."; the outputs stay written
+            return drop_state(verdict, evaluation)
+    return evaluation
 
+
+def _compute(run: PreparedRun, cache_arg, progress: bool, t_start: float):
+    """The run's histogram shares as tasks (each taking a group of the first pass's code counts along while
+    there are groups), then the reduction on the workers: (RunResult, plan, cluster threads, time computed)."""
     threads = cluster_threads()
     if workers_in_this_process():  # a first run's metric functions compile in a second process meanwhile
         precompile.start()
-    plan = for_threads(plan, threads)
+    plan = for_threads(run.plan, threads)
     shares = work_shares(plan, max(threads, math.ceil(plan.pairs / PAIRS_PER_TASK)))
     groups, first_pass = count_shares(plan, threads), code_passes(plan)[0]
-    # a task per share, taking a group of the first pass's code counts along while there are groups
     paired = min(len(shares), len(groups))
     futures = {(share_and_counts_task.submit(plan, share, groups[i], first_pass, cache_arg) if i < paired
                 else histogram_task.submit(plan, share, cache_arg)).wrapped_future: i for i, share in enumerate(shares)}
@@ -294,39 +261,31 @@ def evaluate(
                 share_counts[i] = client.submit(_share_counts, state)
             pairs_done += sum(block.pairs for block in shares[i])
             advance(bar, len(shares[i]), pairs_done, t_start)
-        first_counts = [share_counts[i] for i in range(paired)] + later_groups
+        _raise_failures(client, later_groups)
+        first_counts = [share_counts[i] for i in range(paired)] + [client.submit(_counts, s) for s in later_groups]
         t_compute = time.time()
-        result = reduce_on_cluster(client, plan, params, items, picks, threads, first_counts)
-    started_at = started_at or t_start
-    timing = {"startup_s": t_start - started_at, "compute_s": t_compute - t_start, **result.timing, "write_s": 0.0,
-              "wall_s": time.time() - started_at}
-    engine = {"kind": "prefect-dask", "flow": "evaluate", "threads": threads, "code_parts": plan.code_parts}
-    report = build_report(ds, plan, parameters, result, timing, engine)
-    evaluation = Evaluation(report, result.per_query, result.bucket_sizes)
-    if out is not None:
-        evaluation.write(out, overwrite=overwrite, html=html, started_at=started_at)
-    _publish_artifacts(report)
-    if history is not None:  # append to the history store, compare with the previous run (flows/history.py)
-        evaluation.verdict = verdict = watch(evaluation, history)
-        if verdict["flagged"]:  # Failed, message "mAP dropped significantly: ..."; the outputs stay written
-            return drop_state(verdict, evaluation)
-    return evaluation
+        result = reduce_on_cluster(client, plan, run.params, picks, threads, first_counts)
+    return result, plan, threads, t_compute
 
 
-def run_evaluation(dataset, *, out=None, overwrite=False, html=True, cache=None, address=None, cluster_class=None,
-                   cluster_kwargs=None, workers=None, threads=None, progress=False, history=None,
-                   **options) -> Evaluation:
-    """Validate the inputs here (bad input fails before any cluster starts), then run the flow."""
-    started_at = time.time()
-    prepare(dataset, **options)
+def run_evaluation(dataset, *, out=None, overwrite: bool = False, html: bool = True, history=None,
+                   options: EvaluateOptions | None = None, execution: ExecutionOptions | None = None,
+                   prepared: PreparedRun | None = None, started_at: float | None = None, **keywords) -> Evaluation:
+    """Check the inputs here (bad input fails before any cluster starts), then run the flow on the cluster that
+    ``execution`` names. ``options`` / ``execution``: the objects, or their fields as keywords (k=, threads=,
+    cache=, ...). ``prepared``: the run already checked by the caller (the CLI), not checked again."""
+    started_at = started_at or time.time()
+    evaluate_keywords, execution_keywords = split_keywords("run_evaluation", keywords, EvaluateOptions,
+                                                           ExecutionOptions)
+    options = options or EvaluateOptions(**evaluate_keywords)
+    execution = execution or ExecutionOptions(**execution_keywords)
     if history is not None:
         from hashdist.compare.history import check_history_dir
 
         check_history_dir(history)  # a path that is not a history store fails here, before the run
-    cache = cache_parameter(cache)
-    runner = task_runner(address, cluster_class, cluster_kwargs, workers, threads)
-    with api_for_workers(address, cluster_class, cluster_kwargs):
-        return evaluate.with_options(task_runner=runner)(
-            dataset=str(dataset), out=None if out is None else str(out), overwrite=overwrite, html=html, cache=cache,
-            progress=progress, started_at=started_at, history=None if history is None else str(history), **options,
-        )
+    with handed_over(prepared or options.resolve(dataset)) as key, \
+            api_for_workers(execution.address, execution.cluster_class, execution.cluster_kwargs):
+        return evaluate.with_options(task_runner=task_runner(**execution.cluster))(
+            dataset=str(dataset), options=options, out=None if out is None else str(out), overwrite=overwrite,
+            html=html, cache=cache_parameter(execution.cache), progress=execution.progress, started_at=started_at,
+            history=None if history is None else str(history), prepared=key)

@@ -11,6 +11,7 @@ import os
 import signal
 import socket
 import threading
+import uuid
 
 
 def set_prefect_defaults() -> None:
@@ -360,3 +361,23 @@ def cli_run(debug: bool, server: TemporaryAPIServer | None = None, plots: bool =
             for handler in logging.getLogger().handlers:  # kept until the process exits, as Prefect's exit logs
                 handler.addFilter(drop)
         yield
+
+
+_HANDED: dict[str, object] = {}  # what a caller checked, for the flow run it starts in this process
+
+
+@contextlib.contextmanager
+def handed_over(value):
+    """A key (a flow parameter) under which a flow run in this process takes ``value``, already checked, instead
+    of checking its inputs again; a run elsewhere (a deployment) gets no value and checks them itself."""
+    key = uuid.uuid4().hex
+    _HANDED[key] = value
+    try:
+        yield key
+    finally:
+        _HANDED.pop(key, None)
+
+
+def taken(key: str | None):
+    """The value handed over under ``key`` (see :func:`handed_over`), or None."""
+    return _HANDED.pop(key, None) if key else None

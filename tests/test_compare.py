@@ -8,8 +8,9 @@ import pytest
 from scipy.stats import ttest_rel
 
 from hashdist.cli import main
-from hashdist.compare.comparison import compare, parse_methods
-from hashdist.compare.stats import bootstrap_ci, holm, paired_t_pvalue, randomization_pvalue
+from hashdist.api import compare
+from hashdist.compare.comparison import parse_methods
+from hashdist.metrics.stats import bootstrap_ci, holm, paired_t_pvalue, randomization_pvalue
 from hashdist.data.synth import digits_dataset, synth_dataset
 from hashdist.errors import InputError
 

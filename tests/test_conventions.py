@@ -19,7 +19,7 @@ import pytest
 from hashdist.api import evaluate_local, prepare
 from hashdist.cli import main
 from hashdist.engine.blocks import Block
-from hashdist.engine.run import compute_histogram
+from hashdist.engine.compute import compute_histogram
 from hashdist.errors import InputError
 from hashdist.metrics.conventions import (
     CONVENTIONS,
@@ -29,6 +29,7 @@ from hashdist.metrics.conventions import (
     poisson_binomial,
 )
 from hashdist.metrics.summary import MetricParams, per_query_metrics
+from hashdist.options import EvaluateOptions
 from tests import reference as ref
 
 NAMES = tuple(c.name for c in CONVENTIONS)
@@ -301,7 +302,7 @@ def test_report_conventions_match_the_histogram_and_the_default_metrics(class_da
 
 def test_unknown_convention_is_bad_input(class_dataset):
     with pytest.raises(InputError, match="'bogus'.*deephash, hashnet, trec"):
-        MetricParams(conventions=("trec", "bogus")).validate(12)
+        EvaluateOptions(conventions=("trec", "bogus"))
     with pytest.raises(InputError, match="bogus"):
         prepare(class_dataset, conventions=["bogus"])
 

@@ -30,7 +30,7 @@ def busy_dataset(tmp_path_factory):
 
 
 def test_transient_task_failure_is_retried(class_dataset, monkeypatch):
-    import hashdist.engine.run as engine
+    import hashdist.engine.compute as engine
     from flows.evaluate import run_evaluation
 
     real = engine.compute_histogram

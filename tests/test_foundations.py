@@ -1,6 +1,7 @@
 """Regression tests for the foundations: ball volumes, recorded parameters, the registry and the one reduction."""
 
 import functools
+from concurrent.futures import ThreadPoolExecutor
 import subprocess
 import sys
 from math import comb
@@ -11,7 +12,9 @@ import pytest
 from hashdist.api import evaluate_local, prepare
 from hashdist.data.bits import ball_volumes
 from hashdist.engine.cache import BlockCache
-from hashdist.engine.run import Partials, code_passes, finish, for_threads, run_blocks, run_local, work_shares
+from hashdist.engine.compute import Partials, run_blocks
+from hashdist.engine.plan import code_passes, for_threads, work_shares
+from hashdist.engine.reduction import ThreadExecutor, reduce_partials, run_local
 from hashdist.metrics.ranking import cutoff_grid
 from hashdist.metrics.registry import MEASURES, lookup, per_query_key
 
@@ -88,7 +91,8 @@ def test_partials_merge_in_any_order_gives_identical_results(class_dataset, part
     pieces = [run_blocks(plan, run, cache) for run in work_shares(plan, parts)]
     rng = np.random.default_rng(parts)
     merged = functools.reduce(Partials.merge, [pieces[i] for i in rng.permutation(len(pieces))], Partials())
-    result = finish(plan, params, merged, lambda function, items: [function(item) for item in items])
+    with ThreadPoolExecutor(1) as pool:
+        result = reduce_partials(ThreadExecutor(pool), plan, params, merged)
     assert result.metrics == reference.metrics
     assert result.blocks == reference.blocks
     assert result.code_usage == reference.code_usage

@@ -5,7 +5,7 @@ import re
 import pytest
 
 from hashdist.cli import main
-from hashdist.compare.comparison import compare
+from hashdist.api import compare
 from hashdist.data.synth import synth_dataset
 from hashdist.report.comparison import latex_table, markdown_table
 

@@ -10,7 +10,8 @@ from hashdist.data.bits import unpack_bits
 from hashdist.data.dataset import open_dataset
 from hashdist.data.ingest import append, ingest
 from hashdist.engine.blocks import MAX_BLOCK_ROWS, Block, block_rows, split_by_pairs
-from hashdist.engine.run import compute_histogram, make_plan
+from hashdist.engine.compute import compute_histogram
+from hashdist.engine.plan import make_plan
 from hashdist.errors import InputError
 from tests.conftest import write_inputs
 

@@ -9,8 +9,8 @@ import pytest
 from scipy import stats as sps
 
 from hashdist.cli import main
-from hashdist.compare.comparison import compare
-from hashdist.compare.stats import exact_randomization_pvalue, holm, t_interval
+from hashdist.api import compare
+from hashdist.metrics.stats import exact_randomization_pvalue, holm, t_interval
 from hashdist.data.dataset import open_dataset
 from hashdist.data.synth import synth_dataset
 from hashdist.errors import InputError

@@ -64,7 +64,8 @@ def test_code_counts_in_passes_count_every_row_once(class_dataset):
     """Each pass counts only its parts' rows; together the passes hold every distinct code once."""
     from hashdist.api import prepare
     from hashdist.data.dataset import open_dataset
-    from hashdist.engine.run import code_passes, count_codes, for_threads
+    from hashdist.engine.compute import count_codes
+    from hashdist.engine.plan import code_passes, for_threads
 
     _, _, plan, _ = prepare(class_dataset, db_block_rows=500, code_parts=7)
     plan = for_threads(plan, 1)

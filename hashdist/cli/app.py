@@ -15,24 +15,20 @@ import json
 import os
 import sys
 
-from hashdist.cli.launch import FLOW_COMMANDS
+from hashdist.cli.fields import add_fields, from_args
 from hashdist.cli.signals import EXIT_GRACE_S, EXIT_STATUS, SignalWatch, exit_within
 from hashdist.data.protocols import PROTOCOLS
 from hashdist.defaults import (
     DEFAULT_ALPHA,
     DEFAULT_CHUNK_ROWS,
     DEFAULT_DB_BLOCK_ROWS,
-    DEFAULT_DISTANCE_BINS,
-    DEFAULT_K,
     DEFAULT_PERMUTATIONS,
-    DEFAULT_QUERY_BLOCK_ROWS,
     DEFAULT_QUERY_CHUNK_ROWS,
-    DEFAULT_RADII,
     DEFAULT_SEED,
     GROUNDTRUTH_QUERY_BLOCK_ROWS,
 )
-from hashdist.errors import InputError, json_object
-from hashdist.metrics.conventions import CONVENTIONS
+from hashdist.errors import InputError
+from hashdist.options import CompareOptions, EvaluateOptions, ExecutionOptions, cluster_kwargs_option
 
 DESCRIPTION = """\
 Exact, tie-aware evaluation of binary hash codes for retrieval.
@@ -51,15 +47,6 @@ Every order-dependent metric is reported for the three tie policies (expected
 over all orders of items at equal Hamming distance, best, worst). See README.md
 and docs/metrics.md (the metric definitions).
 """
-
-
-def _number(text: str):
-    """A radius: an int when whole ("2"), else a float ("1.5")."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    return int(value) if value.is_integer() else value
 
 
 class _Dropped(Exception):
@@ -283,75 +270,25 @@ def _run_synth(a):
     return f"wrote {a.out}"
 
 
-def _add_engine_option(p) -> None:
-    """--engine, defaulting to the flow for the commands the console script starts an API server for."""
-    default = "flow" if p.prog.split()[-1] in FLOW_COMMANDS else "local"
-    p.add_argument("--engine", choices=["flow", "local"], default=default,
-                   help=f"flow: Prefect + Dask; local: threads in this process (default {default})")
-
-
-def _add_execution_options(p, query_block_rows: int):
-    """Where blocks run (engine, cluster), how large they are (``query_block_rows``: the command's default), and
-    the block cache."""
-    _add_engine_option(p)
-    p.add_argument("--address", help="existing Dask scheduler, tcp://HOST:PORT or tls://HOST:PORT (default "
-                   "$HASHDIST_DASK_ADDRESS)")
-    p.add_argument("--cluster-class", help="per-run cluster class, e.g. dask_jobqueue.SLURMCluster (default "
-                   "$HASHDIST_CLUSTER_CLASS)")
-    p.add_argument("--cluster-kwargs", default="{}", help="JSON keyword arguments for --cluster-class, or without it "
-                   "for the embedded LocalCluster (default $HASHDIST_CLUSTER_KWARGS)")
-    p.add_argument("--workers", type=int, help="embedded cluster: worker count (default 1)")
-    p.add_argument("--threads", type=int, help="embedded cluster (or --engine local): threads per worker (default: "
-                   "all cores)")
-    p.add_argument("--query-block-rows", type=int,
-                   help=f"queries per block (default {query_block_rows}; rounded up to whole chunks)")
-    p.add_argument("--db-block-rows", type=int, help=f"database rows per block (default {DEFAULT_DB_BLOCK_ROWS}; "
-                   "rounded up to whole chunks; at most 2^31 - 1)")
-    p.add_argument("--cache", help="block result store (default: the per-user cache)")
+def _add_execution_options(p, query_block_rows: int | None = None):
+    """Where blocks run (ExecutionOptions: engine, cluster, threads, cache) and, for a command whose blocks are
+    not EvaluateOptions' (``query_block_rows``: its default), how large they are."""
+    add_fields(p, ExecutionOptions)
     p.add_argument("--no-cache", action="store_true", help="compute every block, store nothing")
+    if query_block_rows is not None:
+        p.add_argument("--query-block-rows", type=int,
+                       help=f"queries per block (default {query_block_rows}; rounded up to whole chunks)")
+        p.add_argument("--db-block-rows", type=int, help=f"database rows per block (default {DEFAULT_DB_BLOCK_ROWS}; "
+                       "rounded up to whole chunks; at most 2^31 - 1)")
 
 
-def _check_execution(a) -> None:
-    """One block cache choice, and one that is a directory; positive worker and thread counts; the cluster
-    options only with the flow engine, which places the blocks on a cluster (``--engine local`` runs threads
-    in this process)."""
-    from hashdist.engine.cache import resolve_cache
-
+def _execution(a) -> ExecutionOptions:
+    """The command line's ExecutionOptions (checked as it is made): one block cache choice, one cluster."""
     if a.cache is not None and a.no_cache:
         raise InputError("--cache and --no-cache: give one of them")
-    if a.cache is not None:
-        resolve_cache(a.cache)
-    for name in ("workers", "threads"):
-        if getattr(a, name, None) is not None and getattr(a, name) < 1:
-            raise InputError(f"--{name} must be at least 1, got {getattr(a, name)}")
-    if a.engine == "local":
-        for name in ("address", "cluster_class", "workers"):
-            if getattr(a, name, None) is not None:
-                raise InputError(f"--{name.replace('_', '-')} places the blocks on a cluster: only with the flow "
-                                 "engine (--engine local runs threads in this process)")
-        if getattr(a, "cluster_kwargs", "{}") != "{}":
-            raise InputError("--cluster-kwargs: only with the flow engine (--engine local runs threads in this "
-                             "process)")
-        return
-    # one cluster: an existing one (--address), a per-run one (--cluster-class, --cluster-kwargs) or the embedded
-    # one (--workers, --threads, and --cluster-kwargs for its LocalCluster); options of another are refused
-    given = {name for name in ("address", "cluster_class", "workers", "threads") if getattr(a, name, None) is not None}
-    kwargs = (_cluster_kwargs(a) if hasattr(a, "cluster_kwargs") else None) or {}
-    if kwargs:
-        given.add("cluster_kwargs")
-    for first, second in (("address", "cluster_class"), ("address", "cluster_kwargs"), ("address", "workers"),
-                          ("address", "threads"), ("cluster_class", "workers"), ("cluster_class", "threads")):
-        if {first, second} <= given:
-            raise InputError(f"--{first.replace('_', '-')} and --{second.replace('_', '-')}: options of two "
-                             "different clusters (an existing one, a per-run one, the embedded one); give one")
-    for option, key in (("workers", "n_workers"), ("threads", "threads_per_worker")):
-        if option in given and key in kwargs:
-            raise InputError(f"--{option} and --cluster-kwargs {key}: give one")
-
-
-def _cluster_kwargs(a) -> dict | None:
-    """--cluster-kwargs as a dict; None when it gives none, so that $HASHDIST_CLUSTER_KWARGS applies."""
-    return (json_object(a.cluster_kwargs, "--cluster-kwargs") or None) if a.cluster_kwargs else None
+    return from_args(ExecutionOptions, a, cache=False if a.no_cache else a.cache,
+                     cluster_kwargs=cluster_kwargs_option(getattr(a, "cluster_kwargs", None)),
+                     progress=not getattr(a, "quiet", True))
 
 
 def _add_evaluate(sub):
@@ -359,49 +296,18 @@ def _add_evaluate(sub):
         "evaluate",
         help="compute every metric and write a report",
         description="Evaluate a dataset: a Prefect flow chunks the work across Dask workers (by default a local "
-        "cluster and Prefect's ephemeral API; no server needed). Writes DIR/report.json, DIR/per_query.zarr and "
+        "cluster, and a temporary Prefect API server that the command starts and stops itself; no server to start). "
+        "Writes DIR/report.json, DIR/per_query.zarr and "
         "DIR/report.html and prints the metric table. Exit status: 0 done, 2 bad input (nothing written), 3 with "
         "--history when mAP dropped significantly against the previous recorded run (the report is written and the "
         "run recorded; the last line on stderr starts 'mAP dropped significantly:').",
     )
-    p.add_argument("dataset", metavar="DATASET")
-    p.add_argument("--out", required=True, metavar="DIR")
-    p.add_argument("--k", type=int, nargs="+",
-                   help=f"cut-offs K (default: the protocol's, else {' '.join(map(str, DEFAULT_K))})")
-    p.add_argument("--radius", type=_number, nargs="+", default=list(DEFAULT_RADII),
-                   help=f"radii r, in bits (Hamming) or in the distance's units (default "
-                   f"{' '.join(map(str, DEFAULT_RADII))}); mLGAP is at the integer radii, in Hamming bits")
-    p.add_argument("--distance", choices=["hamming", "weighted", "asymmetric"],
-                   help="the ranking distance: plain Hamming (default), weighted Hamming (default with "
-                   "--bit-weights) or asymmetric -y.b against the queries' real-valued scores (ingest --query-scores). "
-                   "A real-valued distance is counted in bins, ties within a bin: each order-dependent metric's "
-                   "[worst, best] then certainly holds the unbinned value (docs/metrics.md, section 4b)")
-    p.add_argument("--bit-weights", metavar="W.npy",
-                   help="per-bit weights, (B,) or one row per query (Q, B), finite and >= 0; integer weights give "
-                   "exact results")
-    p.add_argument("--distance-bins", type=int, default=DEFAULT_DISTANCE_BINS, metavar="G",
-                   help=f"bins of a real-valued distance (default {DEFAULT_DISTANCE_BINS}); more bins, narrower "
-                   "certified intervals")
-    p.add_argument("--beta", type=float, default=1.0, help="F-beta's beta (default 1)")
-    p.add_argument("--empty-queries", choices=["exclude", "zero"], default="exclude",
-                   help="queries without relevant items: excluded from means (default) or counted as 0")
-    p.add_argument("--relevance", choices=["class", "multilabel", "explicit"], help="default: the dataset's")
-    p.add_argument("--max-grade", type=int, metavar="G",
-                   help="count multi-label grades (labels in common) above G as G; default: uncapped. The report "
-                   "records the cap and how many relevant pairs it changed")
-    p.add_argument("--hashtable", nargs="+", default=[], metavar="KxL",
-                   help="hashtable-bucket paradigm: L tables of K-bit substrings, e.g. 8x8 16x4")
-    p.add_argument("--protocol", choices=[x.name for x in PROTOCOLS], metavar="NAME",
-                   help="a literature protocol: its mAP@K cut-offs (unless --k) and its script's convention; "
-                   + ", ".join(x.name for x in PROTOCOLS) + " (README: Evaluation protocols)")
-    p.add_argument("--convention", action="append", default=[], choices=[c.name for c in CONVENTIONS],
-                   metavar="NAME", help="also report mAP@K as a published script computes it (repeatable): "
-                   + "; ".join(f"{c.name}: {c.reproduces}" for c in CONVENTIONS))
-    _add_execution_options(p, DEFAULT_QUERY_BLOCK_ROWS)
-    p.add_argument("--code-parts", type=int, metavar="P",
-                   help="split the database's distinct codes (for mLGAP and code usage) into P parts by hash, each "
-                   "merged and searched on its own (default: one per 4M items, and at least one per thread); "
-                   "results never depend on P, memory per part does")
+    p.add_argument("dataset", metavar="DATASET", help="a hashdist dataset (a Zarr directory made by hashdist "
+                   "ingest or hashdist synth)")
+    p.add_argument("--out", required=True, metavar="DIR", help="the report's directory: report.json, "
+                   "per_query.zarr, report.html (replaced by a rerun)")
+    add_fields(p, EvaluateOptions)
+    _add_execution_options(p)
     p.add_argument("--no-html", action="store_true", help="skip report.html")
     p.add_argument("--json", action="store_true", help="print report.json instead of the table")
     p.add_argument("--overwrite", action="store_true", help="replace DIR even if it is not a hashdist report")
@@ -420,39 +326,26 @@ def _run_evaluate(a):
         return _evaluate_into(a)
 
 
-def _evaluate_options(a) -> dict:
-    """What ``hashdist.api.prepare`` takes from the command line."""
-    return dict(
-        k=a.k, radius=a.radius, beta=a.beta, empty_queries=a.empty_queries, relevance=a.relevance,
-        max_grade=a.max_grade, query_block_rows=a.query_block_rows, db_block_rows=a.db_block_rows,
-        hashtable=a.hashtable, conventions=a.convention, protocol=a.protocol, distance=a.distance,
-        bit_weights=a.bit_weights, distance_bins=a.distance_bins, code_parts=a.code_parts,
-    )
-
-
 def _check_evaluate(a):
-    """--out, --history, --cluster-kwargs, the dataset and every metric option."""
-    from hashdist.api import prepare
+    """--out, --history, the execution options, then the options against the dataset: the run, checked once."""
     from hashdist.report.evaluation import check_output_dir
 
     check_output_dir(a.out, a.overwrite, (a.dataset, a.bit_weights))
     if a.history is not None:
         _check_history_option(a)
-    _check_execution(a)
-    prepare(a.dataset, **_evaluate_options(a))
+    a.execution = _execution(a)
+    a.options = from_args(EvaluateOptions, a)
+    a.prepared = a.options.resolve(a.dataset)
 
 
 def _evaluate_into(a):
-    cluster_kwargs = _cluster_kwargs(a)
-    options = _evaluate_options(a)
-    cache = False if a.no_cache else a.cache
-    if a.engine == "local":
-        import time
+    import time
 
-        from hashdist.api import evaluate_local
+    started_at = time.time()
+    if a.execution.engine == "local":
+        from hashdist.api import evaluate_prepared
 
-        started_at = time.time()
-        evaluation = evaluate_local(a.dataset, cache=cache, threads=a.threads, progress=not a.quiet, **options)
+        evaluation = evaluate_prepared(a.prepared, a.execution.cache, a.threads, not a.quiet, started_at)
         evaluation.write(a.out, overwrite=a.overwrite, html=not a.no_html, started_at=started_at)
         if a.history is not None:
             from hashdist.compare.history import record
@@ -462,14 +355,10 @@ def _evaluate_into(a):
         from flows.evaluate import run_evaluation
         from hashdist.compare.history import SignificantDrop
 
-        if a.history is not None:  # a flow parameter: the flow records the run and fails on a significant drop
-            options["history"] = a.history
-        try:
-            evaluation = run_evaluation(
-                a.dataset, out=a.out, overwrite=a.overwrite, html=not a.no_html, cache=cache, address=a.address,
-                cluster_class=a.cluster_class, cluster_kwargs=cluster_kwargs, workers=a.workers, threads=a.threads,
-                progress=not a.quiet, **options,
-            )
+        try:  # with --history the flow records the run and fails on a significant drop
+            evaluation = run_evaluation(a.dataset, out=a.out, overwrite=a.overwrite, html=not a.no_html,
+                                        history=a.history, options=a.options, execution=a.execution,
+                                        prepared=a.prepared, started_at=started_at)
         except SignificantDrop as drop:
             evaluation = drop.evaluation
     verdict = evaluation.verdict
@@ -525,17 +414,10 @@ def _add_compare(sub):
     p.add_argument("--method", action="append", required=True, metavar="NAME=DATASET[,DATASET...]",
                    help="a method's dataset, or one per run separated by commas (repeat; at least two methods, "
                    "each with the same number of runs)")
-    p.add_argument("--out", required=True, metavar="DIR")
-    p.add_argument("--k", type=int, nargs="+", default=list(DEFAULT_K),
-                   help=f"cut-offs K (default {' '.join(map(str, DEFAULT_K))})")
-    p.add_argument("--radius", type=int, nargs="+", default=list(DEFAULT_RADII),
-                   help="Hamming radii (default 0 1 2); LGAP and micro F are compared at the largest")
-    p.add_argument("--permutations", type=int, default=DEFAULT_PERMUTATIONS,
-                   help=f"sign-flip permutations per test (default {DEFAULT_PERMUTATIONS})")
-    p.add_argument("--seed", type=int, default=DEFAULT_SEED,
-                   help=f"seed of the randomisation tests and bootstrap (default {DEFAULT_SEED})")
-    _add_engine_option(p)
-    p.add_argument("--cache", help="block result store (default: the per-user cache)")
+    p.add_argument("--out", required=True, metavar="DIR", help="the comparison's directory: comparison.json, "
+                   "comparison.html and the leaderboard tables")
+    add_fields(p, CompareOptions)
+    add_fields(p, ExecutionOptions, skip=("address", "cluster_class", "cluster_kwargs", "workers", "threads"))
     p.add_argument("--no-cache", action="store_true", help="compute every block, store nothing")
     p.add_argument("--latex", action="store_true",
                    help="also write DIR/leaderboard.tex: the leaderboard as a LaTeX table for a paper (best in bold, "
@@ -545,29 +427,29 @@ def _add_compare(sub):
 
 
 def _check_compare(a):
-    """Every --method's datasets (the same queries and ground truth), the options and --out."""
+    """Every --method's datasets (the same queries and ground truth), the options and --out: checked once."""
     from hashdist.compare.comparison import validate
 
-    _check_execution(a)
-    validate(a.method, k=a.k, radius=a.radius, permutations=a.permutations, seed=a.seed, out=a.out,
-             overwrite=a.overwrite)
+    a.execution = _execution(a)
+    a.options = from_args(CompareOptions, a)
+    a.checked = validate(a.method, a.options, a.out, a.overwrite)
 
 
 def _run_compare(a):
-    from hashdist.compare.comparison import compare
     from hashdist.data.atomic import exclusive
     from hashdist.report.comparison import format_leaderboard
 
     tables = [kind for kind in ("latex", "markdown") if getattr(a, kind)]
-    options = dict(k=a.k, radius=a.radius, permutations=a.permutations, seed=a.seed,
-                   cache=False if a.no_cache else a.cache, out=a.out, overwrite=a.overwrite, tables=tables)
+    given = dict(out=a.out, overwrite=a.overwrite, tables=tables, options=a.options, checked=a.checked)
     with exclusive(a.out):
-        if a.engine == "local":
-            comparison = compare(a.method, **options)
+        if a.execution.engine == "local":
+            from hashdist.api import compare
+
+            comparison = compare(a.method, cache=a.execution.cache, **given)
         else:
             from flows.compare import run_comparison
 
-            comparison = run_comparison(a.method, **options)
+            comparison = run_comparison(a.method, execution=a.execution, **given)
     written = ", ".join(comparison["outputs"].values())
     return f"{format_leaderboard(comparison)}\ncomparison: {written}"
 
@@ -602,25 +484,23 @@ def _check_groundtruth(a):
     """The execution options, the dataset's features and the method's options."""
     from hashdist.engine import groundtruth
 
-    _check_execution(a)
+    a.execution = _execution(a)
     groundtruth.prepare(a.dataset, **_groundtruth_options(a))
 
 
 def _run_groundtruth(a):
-    cluster_kwargs = _cluster_kwargs(a)
-    options = _groundtruth_options(a)
-    cache = False if a.no_cache else a.cache
-    if a.engine == "local":
+    options, execution = _groundtruth_options(a), a.execution
+    if execution.engine == "local":
         from hashdist.engine import groundtruth
 
-        gt, run = groundtruth.run_local(a.dataset, cache=cache, threads=a.threads, progress=not a.quiet, **options)
+        gt, run = groundtruth.run_local(a.dataset, cache=execution.cache, threads=execution.threads,
+                                        progress=execution.progress, **options)
         summary = {**groundtruth.write(a.dataset, gt).attrs()["groundtruth"], **run}
     else:
         from flows.groundtruth import run_groundtruth
 
-        summary = run_groundtruth(a.dataset, cache=cache, address=a.address, cluster_class=a.cluster_class,
-                                  cluster_kwargs=cluster_kwargs, workers=a.workers, threads=a.threads,
-                                  progress=not a.quiet, **options)
+        summary = run_groundtruth(a.dataset, cache=execution.cache, progress=execution.progress,
+                                  **execution.cluster, **options)
     rule = f"epsilon {summary['epsilon']:.6g}" if a.method == "epsilon_ball" else f"k {summary['k']}"
     blocks = summary["blocks"]
     return (f"{a.method}: {rule}; {summary['relevant_pairs']} relevant pairs written to {a.dataset} "

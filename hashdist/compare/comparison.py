@@ -33,7 +33,7 @@ With repeated runs (T > 1) the run is the unit of the statistics:
   mlgap_ci, code_usage}`` per run, as above) and ``over_runs {label: {values, mean, sd, ci}}``
   for the headline measures (``headline_rows`` labels, expected over tie orders, radius
   measures at the largest radius) and ``mAP worst`` / ``mAP best``: each run's value, the mean,
-  the sample sd and the 95% t interval over runs (``hashdist.compare.stats.t_interval``). There is no
+  the sample sd and the 95% t interval over runs (``hashdist.metrics.stats.t_interval``). There is no
   method-level ``dataset``, ``fingerprint``, ``metrics``, ``map_ci``, ``mlgap_ci`` or
   ``code_usage``: they belong to a run.
 - ``pairs["A|B"]``: the same dicts, with metric ``map`` (each run's mAP, expected) and
@@ -57,10 +57,14 @@ import math
 import re
 from dataclasses import dataclass
 from itertools import combinations
+from typing import NamedTuple
 
 import numpy as np
 
-from hashdist.compare.stats import (
+from hashdist.data.dataset import Dataset, chunk_digest, combine_digests, open_dataset
+from hashdist.errors import InputError
+from hashdist.metrics.registry import AP_EXPECTED, BY_KEY, headline_rows, per_query_key
+from hashdist.metrics.stats import (
     bootstrap_ci,
     exact_randomization_pvalue,
     holm,
@@ -68,16 +72,12 @@ from hashdist.compare.stats import (
     randomization_pvalue,
     t_interval,
 )
-from hashdist.data.dataset import Dataset, chunk_digest, combine_digests, open_dataset
-from hashdist.defaults import DEFAULT_BOOTSTRAP, DEFAULT_K, DEFAULT_PERMUTATIONS, DEFAULT_RADII, DEFAULT_SEED
-from hashdist.errors import InputError, check_integer
-from hashdist.metrics.registry import AP_EXPECTED, BY_KEY, headline_rows, per_query_key
+from hashdist.options import CompareOptions, PreparedRun
 from hashdist.report.comparison import (
     COMPARISON_MARKER,
     check_comparison_dir,
     map_interval,
     per_run_labels,
-    write_comparison,
 )
 
 _NAME = re.compile(r"^[A-Za-z0-9_.+-]+(@[A-Za-z0-9_.+-]+)?$")
@@ -254,10 +254,11 @@ def _over_runs(runs: list[dict], r: int) -> dict[str, dict]:
     return out
 
 
-def build_comparison(methods, datasets, evaluations, *, k, radius, permutations=DEFAULT_PERMUTATIONS,
-                     bootstrap=DEFAULT_BOOTSTRAP, seed=DEFAULT_SEED) -> tuple[dict, dict]:
+def build_comparison(methods, datasets, evaluations, options: CompareOptions) -> tuple[dict, dict]:
     """(comparison document, {name: [bucket sizes of each run]} for the occupancy plot) from finished
     evaluations; ``datasets[i][t]`` and ``evaluations[i][t]`` are method i's run t."""
+    k, radius, permutations, bootstrap, seed = (options.k, options.radius, options.permutations, options.bootstrap,
+                                                options.seed)
     r = max(radius)
     n_runs = len(methods[0].runs)
     masks = [_evaluated_mask([evs[t] for evs in evaluations]) for t in range(n_runs)]
@@ -317,39 +318,19 @@ def _ground_truth_digest(ds: Dataset) -> str:
     return combine_digests(ds.fingerprints[n].digest for n in _ground_truth_arrays(ds))
 
 
-def compare(specs, *, evaluate=None, k=DEFAULT_K, radius=DEFAULT_RADII, permutations=DEFAULT_PERMUTATIONS,
-            bootstrap=DEFAULT_BOOTSTRAP, seed=DEFAULT_SEED, cache=None, out=None, overwrite=False, tables=()) -> dict:
-    """Evaluate every run of every ``NAME=DATASET[,DATASET...]`` and compare them; with ``out``, write
-    comparison.json and .html there (and ``tables``: "latex", "markdown", the leaderboard as a table for a paper).
+class CheckedComparison(NamedTuple):
+    """A comparison's inputs, checked: its methods, their runs' datasets, and each run checked for evaluation."""
 
-    ``evaluate(dataset, k=..., radius=...)`` returns an :class:`hashdist.api.Evaluation`
-    (default: :func:`hashdist.api.evaluate_local` with ``cache``).
-    """
-    from hashdist.api import evaluate_local
-
-    methods, datasets = validate(specs, k=k, radius=radius, permutations=permutations, seed=seed, out=out,
-                                 overwrite=overwrite)
-    if evaluate is None:
-        def evaluate(dataset, **options):
-            return evaluate_local(dataset, cache=cache, **options)
-    evaluations = [[evaluate(path, k=list(k), radius=list(radius)) for path in m.runs] for m in methods]
-    comparison, occupancy = build_comparison(methods, datasets, evaluations, k=k, radius=radius,
-                                             permutations=permutations, bootstrap=bootstrap, seed=seed)
-    if out is not None:
-        write_comparison(out, comparison, occupancy, overwrite=overwrite, tables=tuple(tables))
-    return comparison
+    methods: list[Method]
+    datasets: list[list[Dataset]]
+    runs: list[list[PreparedRun]]
 
 
-def validate(specs, *, k, radius, permutations, seed, out, overwrite) -> tuple[list[Method], list[list[Dataset]]]:
-    """Check every input before anything is evaluated; returns the methods and the opened datasets of their runs."""
-    from hashdist.api import prepare
-
+def validate(specs, options: CompareOptions, out=None, overwrite: bool = False) -> CheckedComparison:
+    """Check every input before anything is evaluated: the methods, their datasets (the same ground truth), each
+    dataset against the options, and ``out``."""
     methods, datasets = open_methods(specs)
-    check_integer(permutations, "--permutations")
-    check_integer(seed, "--seed", 0)
-    for runs in datasets:
-        for ds in runs:
-            prepare(ds.url, k=k, radius=radius)
+    runs = [[options.evaluate_options.resolve(ds.url) for ds in dss] for dss in datasets]
     if out is not None:
         check_comparison_dir(out, overwrite, [ds.url for runs in datasets for ds in runs])
-    return methods, datasets
+    return CheckedComparison(methods, datasets, runs)

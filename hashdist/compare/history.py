@@ -33,7 +33,7 @@ runs are "not comparable" and nothing is flagged. Runs are ordered by time (then
 The test (:func:`compare_runs`): over the queries evaluated in both runs (at least one relevant
 item), the paired differences d = AP(new) - AP(old); the mean difference, the two-sided sign-flip
 randomisation p-value (``permutations`` sign patterns from a fixed ``seed``;
-:func:`hashdist.compare.stats.randomization_pvalue`) and the paired t-test p-value. The decision uses the
+:func:`hashdist.metrics.stats.randomization_pvalue`) and the paired t-test p-value. The decision uses the
 randomisation p-value (no assumption on the distribution of d); the t-test is reported beside it.
 A run is **flagged** when the randomisation p-value is below ``alpha`` and the mean difference is
 a drop larger than ``min_drop`` (default 0: any significant drop).
@@ -346,7 +346,7 @@ def compare_runs(old: dict | None, new: dict, *, alpha: float = DEFAULT_ALPHA,
     previous_time, map, previous_map, map_change (report mAP, expected), shared_queries, mean_ap_previous,
     mean_ap, mean_ap_diff (over the shared queries), randomization_pvalue, t_pvalue, significant, drop, alpha,
     permutations, seed, min_drop, reason, message (one line)."""
-    from hashdist.compare.stats import paired_t_pvalue, randomization_pvalue
+    from hashdist.metrics.stats import paired_t_pvalue, randomization_pvalue
 
     check_test_options(alpha, permutations, seed, min_drop)
     verdict = {

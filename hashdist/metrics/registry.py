@@ -40,7 +40,7 @@ class Measure:
     variants: tuple[str, ...] = ()
     policies: tuple[str, ...] = ()  # POLICIES for order-dependent measures
     per_query: Callable | None = None  # (H, max_bucket, value, variant, policy) -> per-query array (NaN: undefined)
-    from_totals: Callable | None = None  # (totals, value, beta) -> number or dict, micro over evaluated queries
+    from_totals: Callable | None = None  # (totals, value, params) -> number or dict, micro over evaluated queries
     from_metrics: Callable | None = None  # (metrics) -> value, from the aggregated values of measures before it
     fields: tuple[str, ...] = ()  # the fields of a dict value shown in tables
     queries: str = "evaluated"  # the mean runs over "evaluated" queries, or "with_irrelevant": those with 0 < R < Nall
@@ -84,24 +84,24 @@ def _ap_at_k(H, M, k, normaliser, policy):
     return rk.average_precision_at_k(H, k, normaliser, policy)
 
 
-def _micro(totals, r, beta):
-    return rad.micro_scores(int(totals["tp"][r]), int(totals["fp"][r]), int(totals["fn"][r]), beta)
+def _micro(totals, r, params):
+    return rad.micro_scores(int(totals["tp"][r]), int(totals["fp"][r]), int(totals["fn"][r]), params.beta)
 
 
-def _hashtable(totals, setting, beta):
+def _hashtable(totals, setting, params):
     tp, retrieved = totals["hashtable"][setting]
-    return rad.hashtable_metrics(tp, retrieved, totals["relevant"], beta)
+    return rad.hashtable_metrics(tp, retrieved, totals["relevant"], params.beta)
 
 
-def _pr_curve(totals, _, beta):
+def _pr_curve(totals, _, params):
     return rad.pr_curve_from_counts(totals["tp"], totals["fp"], totals["fn"], totals.get("bin_edges"))
 
 
-def _auprc(totals, _, beta):
-    return rad.auprc(_pr_curve(totals, None, beta))
+def _auprc(totals, _, params):
+    return rad.auprc(_pr_curve(totals, None, params))
 
 
-def _retrieved_nothing(totals, r, beta):
+def _retrieved_nothing(totals, r, params):
     return int(totals["empty"][r])
 
 

@@ -16,7 +16,6 @@ import numpy as np
 from hashdist.defaults import DEFAULT_BETA, DEFAULT_K, DEFAULT_RADII
 from hashdist.metrics import radius as rad
 from hashdist.metrics import ranking as rk
-from hashdist.metrics.conventions import BY_NAME
 from hashdist.metrics.conventions import per_query_values as convention_values
 from hashdist.metrics.ranking import counts_shared
 from hashdist.metrics.registry import MEASURES, per_query_key
@@ -26,7 +25,9 @@ EMPTY_QUERY_RULES = ("exclude", "zero")
 
 @dataclass(frozen=True)
 class MetricParams:
-    """What to compute: cut-offs K, radii r, F-beta's beta, the rule for queries with R = 0, hashtable settings."""
+    """What to compute: cut-offs K, radii r, F-beta's beta, the rule for queries with R = 0, hashtable settings.
+    Built from checked options (hashdist.options.EvaluateOptions.resolve); the registry's measures read the
+    parameters they use from it."""
 
     ks: tuple[int, ...] = DEFAULT_K
     radii: tuple[int, ...] = DEFAULT_RADII
@@ -39,32 +40,6 @@ class MetricParams:
     distance: str = "hamming"  # the ranking distance (hashdist.kernels.distance): radii are in its units
     radius_bins: tuple[int, ...] | None = None  # a binned distance: the last bin inside each radius
     bin_edges: tuple[float, ...] | None = None  # ... and every bin's upper edge (where the PR curve's points lie)
-
-    def validate(self, nbits: int) -> None:
-        from hashdist.errors import InputError, check_integer
-
-        if not self.ks or any(not 1 <= k < math.inf or int(k) != k for k in self.ks):
-            raise InputError(f"--k: every K must be a positive integer, got {list(self.ks)}")
-        if not self.radii:
-            raise InputError("--radius: give at least one radius")
-        if self.distance == "hamming" and any(not 0 <= r <= nbits or int(r) != r for r in self.radii):
-            raise InputError(f"--radius: every radius must be an integer in 0..{nbits}, got {list(self.radii)}")
-        if self.distance != "hamming" and not all(math.isfinite(r) for r in self.radii):
-            raise InputError(f"--radius: every radius must be a finite number, got {list(self.radii)}")
-        if self.distance == "weighted" and any(r < 0 for r in self.radii):
-            raise InputError(f"--radius: a weighted Hamming radius must be >= 0, got {list(self.radii)}")
-        if not (isinstance(self.beta, (int, float)) and math.isfinite(self.beta) and self.beta > 0):
-            raise InputError(f"--beta must be a finite number > 0, got {self.beta}")
-        if self.empty_queries not in EMPTY_QUERY_RULES:
-            raise InputError(f"--empty-queries must be one of {EMPTY_QUERY_RULES}, got {self.empty_queries!r}")
-        if self.max_grade is not None:
-            check_integer(self.max_grade, "--max-grade")
-        for name in self.conventions:
-            if name == "hashdist":
-                raise InputError("--convention 'hashdist': hashdist's own convention is always reported (map_at_k, "
-                                 f"with every normaliser); the others: {', '.join(BY_NAME)}")
-            if name not in BY_NAME:
-                raise InputError(f"--convention {name!r}: unknown convention (known: {', '.join(BY_NAME)})")
 
     @property
     def hamming_radii(self) -> tuple[int, ...]:
@@ -175,7 +150,7 @@ def aggregate(pq: dict[str, np.ndarray], params: MetricParams) -> tuple[dict, di
     def value_of(measure, value, variant):
         if measure.from_totals is not None:
             position = params.position(value) if measure.parameter == "radius" else value
-            return measure.from_totals(totals, position, params.beta)
+            return measure.from_totals(totals, position, params)
         if measure.hamming and measure.parameter == "radius" and value not in params.hamming_radii:
             return math.nan  # a plain-Hamming measure has no value between integer radii, for any query
         mask = masks[measure.queries]

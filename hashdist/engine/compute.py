@@ -1,0 +1,162 @@
+"""The blocks' work, each opening the dataset itself so that it runs anywhere: a histogram block's partial
+results (from the cache or computed), a group of database blocks' distinct codes, and the mergeable state
+(:class:`Partials`) a worker's share of histogram blocks adds up to.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from hashdist.data.dataset import Dataset, open_dataset
+from hashdist.engine.blocks import Block
+from hashdist.engine.cache import BlockCache
+from hashdist.engine.plan import Plan
+from hashdist.kernels.binned import binned_histogram_block
+from hashdist.kernels.codecounts import code_counts, merge_code_counts, split_by_code_hash
+from hashdist.kernels.codeusage import bit_ones_block
+from hashdist.kernels.collapse import auto_histogram_block, should_collapse
+from hashdist.kernels.hashtable import hashtable_counts
+
+
+def compute_histogram(plan: Plan, block: Block, ds: Dataset | None = None, memo: dict | None = None
+                      ) -> dict[str, np.ndarray]:
+    """The block's partial results: ``H`` and, per hashtable setting, per-query TP and retrieved counts;
+    with a distance other than plain Hamming, ``H`` is over its bins and ``H_hamming`` the plain Hamming one.
+    ``collapse`` is (database rows, their distinct (code, label) rows, 1 if the Hamming histogram was counted
+    over the distinct rows with their multiplicities): hashdist.kernels.collapse decides, the result is the same.
+
+    ``memo``, kept by a share across its blocks (see run_blocks), holds the last query block's rows and each
+    database block's collapse decision with its distinct rows: a collapsed database block is read only once.
+    """
+    ds = ds or open_dataset(plan.url)
+    memo = {} if memo is None else memo
+    if memo.get("queries", (None,))[0] != (block.q0, block.q1):
+        qrel = (ds.relevant(block.q0, block.q1) if plan.relevance == "explicit"
+                else ds.labels("queries", block.q0, block.q1))
+        memo["queries"] = (block.q0, block.q1), ds.codes("queries", block.q0, block.q1), qrel
+    _, qc, qrel = memo["queries"]
+    key = (block.d0, block.d1, block.q1 - block.q0)
+    decision = memo.get(key)
+    dc = drel = None  # a collapsed database block's distinct rows are all the histogram needs
+    if decision is None or decision[0] is None or plan.distance is not None or plan.hashtables:
+        dc = ds.codes("database", block.d0, block.d1)
+        drel = None if plan.relevance == "explicit" else ds.labels("database", block.d0, block.d1)
+    if decision is None:
+        decision = memo[key] = should_collapse(block.q1 - block.q0, dc, drel, plan.relevance)
+    H, collapse = auto_histogram_block(qc, dc, plan.nbits, plan.relevance, qrel, drel, db_start=block.d0,
+                                       max_grade=plan.largest_grade, decision=decision)
+    result = {"H": H, "collapse": np.array([collapse.n_items, collapse.n_distinct, collapse.collapsed], np.int64)}
+    if plan.distance is not None:
+        scores = ds.read("queries/scores", block.q0, block.q1) if plan.distance.kind == "asymmetric" else None
+        result["H_hamming"] = result["H"]
+        result["H"] = binned_histogram_block(plan.distance, qc, dc, plan.nbits, plan.relevance, qrel, drel, q0=block.q0,
+                                             scores=scores, db_start=block.d0, max_grade=plan.largest_grade)
+    for bits, tables in plan.hashtables:
+        tp, retrieved = hashtable_counts(qc, dc, plan.nbits, bits, tables, qrel, drel, plan.relevance,
+                                         db_start=block.d0)
+        result[f"hashtable_tp/{bits}x{tables}"] = tp
+        result[f"hashtable_retrieved/{bits}x{tables}"] = retrieved
+    return result
+
+
+def cached_histogram(plan: Plan, block: Block, cache: BlockCache, ds: Dataset | None = None,
+                     memo: dict | None = None) -> tuple[dict[str, np.ndarray], bool]:
+    """(the block's partial results, True if they came from the cache)."""
+    hit = cache.get(block.key)
+    if hit is not None and "H" in hit and hit["H"].shape[0] == block.q1 - block.q0:
+        return hit, True
+    result = compute_histogram(plan, block, ds, memo)
+    cache.put(block.key, result)
+    return result, False
+
+
+@dataclass
+class CodePieces:
+    """Distinct codes with counts of some database rows for the code parts of one pass (pieces per part),
+    and with the first pass, how many of those rows have each bit set. Mergeable like Partials."""
+
+    pieces: dict[int, list[tuple[np.ndarray, np.ndarray]]] = field(default_factory=dict)
+    bit_ones: np.ndarray | int = 0
+
+    def merge(self, other: CodePieces) -> CodePieces:
+        for p, pieces in other.pieces.items():
+            self.pieces.setdefault(p, []).extend(pieces)
+        self.bit_ones = self.bit_ones + other.bit_ones
+        return self
+
+
+def count_codes(plan: Plan, blocks, parts: range, ds: Dataset | None = None) -> CodePieces:
+    """The distinct codes of these database blocks that fall in code parts ``parts``, one merged piece per part.
+
+    Rows are sorted into parts by hash first, so only a pass's share of each block is counted: the
+    passes together count every row once, each reading the codes again (cheap against the histograms).
+    """
+    ds = ds or open_dataset(plan.url)
+    result = CodePieces({p: [] for p in parts})
+    for d0, d1 in blocks:
+        words = ds.codes("database", d0, d1)
+        if parts.start == 0:
+            result.bit_ones = result.bit_ones + bit_ones_block(words, plan.nbits)
+        rows = split_by_code_hash(words, None, plan.code_parts)
+        mine = np.concatenate([rows[p][0] for p in parts])
+        codes, counts = code_counts(mine)
+        by_part = split_by_code_hash(codes, counts, plan.code_parts)[parts.start : parts.stop]
+        for p, piece in zip(parts, by_part, strict=True):
+            result.pieces[p].append(piece)
+    result.pieces = {p: [merge_code_counts(pieces)] if pieces else [] for p, pieces in result.pieces.items()}
+    return result
+
+
+TALLIES = ("computed", "cached", "collapsed", "rows", "distinct_rows")
+
+
+@dataclass
+class Partials:
+    """The mergeable state of a run's histogram blocks: their results summed per query block (exact integers)
+    and tallies (TALLIES: blocks computed, from the cache, collapsed to distinct rows; database rows and
+    their distinct rows, summed over blocks).
+
+    ``add_block`` updates it and ``merge`` combines two (in any order, any grouping: the sums are exact).
+    """
+
+    sums: dict[int, dict[str, np.ndarray]] = field(default_factory=dict)
+    tallies: dict[str, int] = field(default_factory=lambda: dict.fromkeys(TALLIES, 0))
+
+    def add_block(self, q0: int, result: dict[str, np.ndarray], was_cached: bool) -> None:
+        result = dict(result)
+        rows, distinct, collapsed = result.pop("collapse", (0, 0, 0))  # absent from blocks cached before it
+        self._add_sums(q0, result)
+        for key, value in zip(TALLIES, (not was_cached, was_cached, collapsed, rows, distinct), strict=True):
+            self.tallies[key] += int(value)
+
+    def merge(self, other: Partials) -> Partials:
+        for q0, part in other.sums.items():
+            self._add_sums(q0, part)
+        self.tallies = {key: self.tallies[key] + other.tallies[key] for key in TALLIES}
+        return self
+
+    def _add_sums(self, q0: int, part: dict[str, np.ndarray]) -> None:
+        total = self.sums.get(q0)
+        self.sums[q0] = dict(part) if total is None else add_sums(total, part)
+
+
+def add_sums(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Two partial results of the same queries summed (exact integers)."""
+    return {key: a[key] + b[key] for key in a}
+
+
+def run_blocks(plan: Plan, blocks, cache: BlockCache, progress=None) -> Partials:
+    """One worker's share: these histogram blocks, from the cache or computed.
+
+    ``progress(block, cached)`` is called after each histogram block.
+    """
+    partials, ds, memo = Partials(), None, {}  # see compute_histogram
+    for block in blocks:
+        ds = ds or open_dataset(plan.url)
+        result, was_cached = cached_histogram(plan, block, cache, ds, memo)
+        partials.add_block(block.q0, result, was_cached)
+        if progress:
+            progress(block, was_cached)
+    return partials

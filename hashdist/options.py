@@ -1,0 +1,368 @@
+"""The options of a run, each declared once: its type, default and help text live in a field here, and the CLI's
+flags, the Python API's keywords, the flows' parameters and ``deploy/prefect.yaml`` all derive from it.
+
+An options object checks at construction what needs no dataset (types, choices, ranges) and raises
+:class:`~hashdist.errors.InputError` naming the option; :meth:`EvaluateOptions.resolve` checks once against
+the dataset what does (K against N, radii against B, the protocol's cut-offs, the distance's bins) and plans
+the blocks. Nothing below it checks again.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import os
+import re
+from collections.abc import Iterable
+from dataclasses import MISSING, dataclass, field, fields, replace
+from typing import Any, Literal, NamedTuple
+
+import numpy as np
+
+from hashdist.data.dataset import Dataset, open_dataset
+from hashdist.data.protocols import PROTOCOLS, get_protocol, protocol_k
+from hashdist.defaults import (
+    DEFAULT_BOOTSTRAP,
+    DEFAULT_DB_BLOCK_ROWS,
+    DEFAULT_DISTANCE_BINS,
+    DEFAULT_K,
+    DEFAULT_PERMUTATIONS,
+    DEFAULT_QUERY_BLOCK_ROWS,
+    DEFAULT_RADII,
+    DEFAULT_SEED,
+)
+from hashdist.engine.plan import Plan, make_plan
+from hashdist.errors import InputError, check_integer, is_integer, json_object
+from hashdist.kernels.distance import KINDS, DistanceAxis, asymmetric_axis, check_bins, check_weights, weighted_axis
+from hashdist.metrics.conventions import BY_NAME, CONVENTIONS
+from hashdist.metrics.summary import EMPTY_QUERY_RULES, MetricParams
+
+_NUMBER = (int, float, np.integer, np.floating)
+_HASHTABLE = re.compile(r"^\s*(\d+)\s*[xX]\s*(\d+)\s*$")
+ConventionName = Literal[tuple(BY_NAME)]  # type: ignore[valid-type]
+ProtocolName = Literal[tuple(p.name for p in PROTOCOLS)]  # type: ignore[valid-type]
+
+
+def option(help: str, **cli) -> dict:
+    """A field's metadata: its help text ({default} stands for the default) and how the CLI takes it (argparse
+    keywords: flag, type, nargs, metavar, action)."""
+    return {"help": help, "cli": cli}
+
+
+def help_text(f) -> str:
+    """A field's help with its default filled in."""
+    default = f.default if f.default is not MISSING else None
+    shown = " ".join(map(str, default)) if isinstance(default, tuple) else default
+    return f.metadata["help"].format(default=shown)
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvaluateOptions:
+    """What ``hashdist evaluate`` computes. ``k``, ``radius``, ``hashtable`` and ``conventions`` take one value or
+    a list (a string is one value)."""
+
+    k: tuple[int, ...] | None = field(default=None, metadata=option(
+        f"cut-offs K (default: the protocol's, else {' '.join(map(str, DEFAULT_K))})", type=int, nargs="+"))
+    radius: tuple[int | float, ...] = field(default=DEFAULT_RADII, metadata=option(
+        "radii r, in bits (Hamming) or in the distance's units (default {default}); mLGAP is at the integer radii, "
+        "in Hamming bits", type="number", nargs="+"))
+    distance: Literal["hamming", "weighted", "asymmetric"] | None = field(default=None, metadata=option(
+        "the ranking distance: plain Hamming (default), weighted Hamming (default with --bit-weights) or asymmetric "
+        "-y.b against the queries' real-valued scores (ingest --query-scores). A real-valued distance is counted in "
+        "bins, ties within a bin: each order-dependent metric's [worst, best] then certainly holds the unbinned "
+        "value (docs/metrics.md, section 4b)"))
+    bit_weights: Any = field(default=None, metadata=option(
+        "per-bit weights, (B,) or one row per query (Q, B), finite and >= 0; integer weights give exact results "
+        "(from Python also an array)", metavar="W.npy"))
+    distance_bins: int = field(default=DEFAULT_DISTANCE_BINS, metadata=option(
+        "bins of a real-valued distance (default {default}); more bins, narrower certified intervals", metavar="G"))
+    beta: float = field(default=1.0, metadata=option("F-beta's beta (default {default:g})"))
+    empty_queries: Literal["exclude", "zero"] = field(default="exclude", metadata=option(
+        "queries without relevant items: excluded from means (default) or counted as 0"))
+    relevance: Literal["class", "multilabel", "explicit"] | None = field(default=None, metadata=option(
+        "default: the dataset's"))
+    max_grade: int | None = field(default=None, metadata=option(
+        "count multi-label grades (labels in common) above G as G; default: uncapped. The report records the cap "
+        "and how many relevant pairs it changed", metavar="G"))
+    hashtable: tuple[str, ...] = field(default=(), metadata=option(
+        "hashtable-bucket paradigm: L tables of K-bit substrings, e.g. 8x8 16x4", nargs="+", metavar="KxL"))
+    protocol: ProtocolName | None = field(default=None, metadata=option(
+        "a literature protocol: its mAP@K cut-offs (unless --k) and its script's convention; "
+        + ", ".join(p.name for p in PROTOCOLS) + " (docs/protocols.md)", metavar="NAME"))
+    conventions: tuple[ConventionName, ...] = field(default=(), metadata=option(
+        "also report mAP@K as a published script computes it (repeatable): "
+        + "; ".join(f"{c.name}: {c.reproduces}" for c in CONVENTIONS), flag="--convention", action="append",
+        metavar="NAME"))
+    query_block_rows: int | None = field(default=None, metadata=option(
+        f"queries per block (default {DEFAULT_QUERY_BLOCK_ROWS}; rounded up to whole chunks)"))
+    db_block_rows: int | None = field(default=None, metadata=option(
+        f"database rows per block (default {DEFAULT_DB_BLOCK_ROWS}; rounded up to whole chunks; at most 2^31 - 1)"))
+    code_parts: int | None = field(default=None, metadata=option(
+        "split the database's distinct codes (for mLGAP and code usage) into P parts by hash, each merged and "
+        "searched on its own (default: one per 4M items, and at least one per thread); results never depend on "
+        "P, memory per part does", metavar="P"))
+
+    def __post_init__(self):
+        set_ = object.__setattr__  # normalising a frozen instance's own fields, once
+        if self.k is not None:
+            set_(self, "k", _listed(self.k, "--k / k=", _NUMBER, "a number"))
+        radius = _listed(self.radius, "--radius / radius=", _NUMBER, "a number")
+        set_(self, "radius", tuple(int(r) if float(r).is_integer() else float(r) for r in radius))  # key "2"
+        set_(self, "hashtable", _listed(self.hashtable, "--hashtable / hashtable=", str, "a KxL setting"))
+        set_(self, "conventions", _listed(self.conventions, "--convention / conventions=", str,
+                                          "a convention name"))
+        self._check_choices()
+        self._check_numbers()
+
+    def _check_choices(self) -> None:
+        if self.distance is not None and self.distance not in KINDS:
+            raise InputError(f"--distance {self.distance!r}: unknown (known: {', '.join(KINDS)})")
+        if self.empty_queries not in EMPTY_QUERY_RULES:
+            raise InputError(f"--empty-queries must be one of {EMPTY_QUERY_RULES}, got {self.empty_queries!r}")
+        for name in self.conventions:
+            if name == "hashdist":
+                raise InputError("--convention 'hashdist': hashdist's own convention is always reported (map_at_k, "
+                                 f"with every normaliser); the others: {', '.join(BY_NAME)}")
+            if name not in BY_NAME:
+                raise InputError(f"--convention {name!r}: unknown convention (known: {', '.join(BY_NAME)})")
+        if self.protocol is not None:
+            get_protocol(self.protocol)
+        for spec in self.hashtable:
+            parse_hashtable(spec)
+
+    def _check_numbers(self) -> None:
+        if self.k is not None and (not self.k or any(not 1 <= k < math.inf or int(k) != k for k in self.k)):
+            raise InputError(f"--k: every K must be a positive integer, got {list(self.k)}")
+        if not self.radius:
+            raise InputError("--radius: give at least one radius")
+        if not (isinstance(self.beta, (int, float)) and math.isfinite(self.beta) and self.beta > 0):
+            raise InputError(f"--beta must be a finite number > 0, got {self.beta}")
+        for name in ("max_grade", "code_parts"):
+            if getattr(self, name) is not None:
+                check_integer(getattr(self, name), f"--{name.replace('_', '-')}")
+        check_bins(self.distance_bins)
+
+    @property
+    def distance_kind(self) -> str:
+        """The ranking distance: as given, else weighted with bit weights, else Hamming."""
+        return self.distance or ("weighted" if self.bit_weights is not None else "hamming")
+
+    def resolve(self, dataset) -> PreparedRun:
+        """Open the dataset, check the options against it and plan the blocks (once per run)."""
+        ds = open_dataset(dataset)
+        k, conventions = self.k, self.conventions
+        if self.protocol is not None:
+            preset = get_protocol(self.protocol)
+            k = protocol_k(preset, ds.n_database) if k is None else k
+            conventions = tuple(dict.fromkeys((*conventions, preset.convention)))
+        k = _listed(DEFAULT_K if k is None else k, "--k / k=", _NUMBER, "a number")
+        hashtables = tuple(parse_hashtable(spec, ds.nbits) for spec in self.hashtable)
+        settings = tuple(f"{bits}x{tables}" for bits, tables in hashtables)
+        params = MetricParams(k, self.radius, float(self.beta), self.empty_queries, settings, self.max_grade,
+                              ds.n_database, conventions=conventions, distance=self.distance_kind)
+        _check_against(params, ds.nbits)
+        axis = self._distance_axis(ds)
+        if axis is not None:
+            params = replace(params, radius_bins=tuple(axis.position(r) for r in params.radii),
+                             bin_edges=tuple(axis.upper.tolist()))
+        plan = make_plan(ds, relevance=self.relevance, max_radius=params.max_radius,
+                         query_block_rows=self.query_block_rows, db_block_rows=self.db_block_rows,
+                         hashtables=hashtables, distance=axis, code_parts=self.code_parts)
+        return PreparedRun(ds, params, plan, self._parameters(params, plan, axis))
+
+    def _parameters(self, params: MetricParams, plan: Plan, axis: DistanceAxis | None) -> dict:
+        """The run's parameters as the report records them."""
+        weights = self.bit_weights
+        return {
+            "k": list(params.ks), "radius": list(params.radii), "beta": params.beta,
+            "empty_queries": params.empty_queries, "relevance": plan.relevance, "max_grade": params.max_grade,
+            "query_block_rows": plan.query_block_rows, "db_block_rows": plan.db_block_rows,
+            "hashtable": list(params.hashtables), "protocol": self.protocol, "conventions": list(params.conventions),
+            "distance": params.distance,
+            "bit_weights": None if weights is None else str(weights) if isinstance(weights, (str, os.PathLike))
+            else "array",
+            "distance_bins": None if axis is None else axis.bins,
+        }
+
+    def _distance_axis(self, ds: Dataset) -> DistanceAxis | None:
+        """The bins of a weighted or asymmetric distance (hashdist.kernels.distance), or None for plain Hamming."""
+        distance, weights, radii = self.distance_kind, self.bit_weights, self.radius
+        if distance != "weighted" and weights is not None:
+            raise InputError(f"--bit-weights: only with --distance weighted, not {distance}")
+        if distance == "hamming":
+            return None
+        bins = check_bins(self.distance_bins)
+        if distance == "weighted":
+            if weights is None:
+                raise InputError("--distance weighted needs --bit-weights W.npy")
+            if isinstance(weights, (str, os.PathLike)):
+                from hashdist.data.inputs import load_array
+
+                weights = load_array(weights)
+            return weighted_axis(check_weights(weights, ds.nbits, ds.n_queries), bins, radii)
+        if not ds.has("queries/scores"):
+            raise InputError(f"{ds.url}: --distance asymmetric needs the queries' real-valued scores "
+                             "(hashdist ingest --query-scores)")
+        from hashdist.data.inputs import check_scores
+
+        scores = check_scores(ds.read("queries/scores", 0, ds.n_queries), ds.nbits, ds.n_queries, "queries/scores")
+        return asymmetric_axis(scores, bins, radii, ds.fingerprints["queries/scores"].digest)
+
+
+class PreparedRun(NamedTuple):
+    """A run checked against its dataset: the dataset, what to compute, the blocks, the report's parameters."""
+
+    ds: Dataset
+    params: MetricParams
+    plan: Plan
+    parameters: dict
+
+
+def _check_against(params: MetricParams, nbits: int) -> None:
+    """The radii against the code length and the distance (the rest was checked at construction)."""
+    radii = list(params.radii)
+    if params.distance == "hamming" and any(not 0 <= r <= nbits or int(r) != r for r in radii):
+        raise InputError(f"--radius: every radius must be an integer in 0..{nbits}, got {radii}")
+    if params.distance != "hamming" and not all(math.isfinite(r) for r in radii):
+        raise InputError(f"--radius: every radius must be a finite number, got {radii}")
+    if params.distance == "weighted" and any(r < 0 for r in radii):
+        raise InputError(f"--radius: a weighted Hamming radius must be >= 0, got {radii}")
+
+
+def parse_hashtable(spec: str, nbits: int | None = None) -> tuple[int, int]:
+    """``"KxL"`` (bits per substring x number of tables) to (K, L); with ``nbits``, also check K*L <= B."""
+    match = _HASHTABLE.match(str(spec))
+    if not match or int(match[1]) < 1 or int(match[2]) < 1:
+        raise InputError(f"hashtable {spec!r}: expected KxL with positive integers, e.g. 8x4 (K bits, L tables)")
+    k_bits, n_tables = int(match[1]), int(match[2])
+    if nbits is not None and k_bits * n_tables > nbits:
+        raise InputError(f"hashtable {spec}: K*L = {k_bits * n_tables} exceeds the {nbits}-bit codes")
+    return k_bits, n_tables
+
+
+def _listed(value, name: str, kinds, what: str) -> tuple:
+    """An option given as one value or an iterable of values (a string is one value), as a tuple of ``kinds``."""
+    listed = isinstance(value, Iterable) and not isinstance(value, str) and getattr(value, "ndim", 1)  # not 0-d
+    values = tuple(value) if listed else (value,)
+    if not all(isinstance(v, kinds) and not isinstance(v, bool) for v in values):
+        raise InputError(f"{name}: expected {what} or a list of them, got {value!r}")
+    return values
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExecutionOptions:
+    """Where and how a run's blocks run: the engine, the cluster (an existing one by address, a per-run one by
+    class, or the embedded LocalCluster), threads, the block cache and progress. No result depends on them."""
+
+    engine: Literal["flow", "local"] = field(default="flow", metadata=option(
+        "flow: Prefect + Dask; local: threads in this process (default {default})"))
+    address: str | None = field(default=None, metadata=option(
+        "existing Dask scheduler, tcp://HOST:PORT or tls://HOST:PORT (default $HASHDIST_DASK_ADDRESS)"))
+    cluster_class: str | None = field(default=None, metadata=option(
+        "per-run cluster class, e.g. dask_jobqueue.SLURMCluster (default $HASHDIST_CLUSTER_CLASS)"))
+    cluster_kwargs: dict | None = field(default=None, metadata=option(
+        "JSON keyword arguments for --cluster-class, or without it for the embedded LocalCluster (default "
+        "$HASHDIST_CLUSTER_KWARGS)", type="json"))
+    workers: int | None = field(default=None, metadata=option("embedded cluster: worker count (default 1)"))
+    threads: int | None = field(default=None, metadata=option(
+        "embedded cluster (or --engine local): threads per worker (default: all cores)"))
+    cache: str | bool | None = field(default=None, metadata=option(
+        "block result store (default: the per-user cache)"))
+    progress: bool = False
+
+    def __post_init__(self):
+        if isinstance(self.cache, os.PathLike):
+            object.__setattr__(self, "cache", str(self.cache))
+        if self.cache is not None and not isinstance(self.cache, bool):
+            from hashdist.engine.cache import resolve_cache
+
+            resolve_cache(self.cache)
+        for name in ("workers", "threads"):
+            value = getattr(self, name)
+            if value is not None and (not is_integer(value) or value < 1):
+                raise InputError(f"--{name} must be at least 1, got {value}")
+        if self.engine not in ("flow", "local"):
+            raise InputError(f"--engine must be flow or local, got {self.engine!r}")
+        if self.engine == "local":
+            self._check_local()
+        else:
+            self._check_one_cluster()
+
+    def _check_local(self) -> None:
+        for name in ("address", "cluster_class", "workers"):
+            if getattr(self, name) is not None:
+                raise InputError(f"--{name.replace('_', '-')} places the blocks on a cluster: only with the flow "
+                                 "engine (--engine local runs threads in this process)")
+        if self.cluster_kwargs:
+            raise InputError("--cluster-kwargs: only with the flow engine (--engine local runs threads in this "
+                             "process)")
+
+    def _check_one_cluster(self) -> None:
+        """An existing cluster (address), a per-run one (cluster_class, cluster_kwargs) or the embedded one
+        (workers, threads, and cluster_kwargs for its LocalCluster): options of another are refused."""
+        given = {name for name in ("address", "cluster_class", "workers", "threads") if getattr(self, name) is not None}
+        kwargs = self.cluster_kwargs or {}
+        if kwargs:
+            given.add("cluster_kwargs")
+        for first, second in (("address", "cluster_class"), ("address", "cluster_kwargs"), ("address", "workers"),
+                              ("address", "threads"), ("cluster_class", "workers"), ("cluster_class", "threads")):
+            if {first, second} <= given:
+                raise InputError(f"--{first.replace('_', '-')} and --{second.replace('_', '-')}: options of two "
+                                 "different clusters (an existing one, a per-run one, the embedded one); give one")
+        for option_name, key in (("workers", "n_workers"), ("threads", "threads_per_worker")):
+            if option_name in given and key in kwargs:
+                raise InputError(f"--{option_name} and --cluster-kwargs {key}: give one")
+
+    @property
+    def cluster(self) -> dict:
+        """The cluster's settings as the flows' task runner takes them."""
+        return {"address": self.address, "cluster_class": self.cluster_class, "cluster_kwargs": self.cluster_kwargs,
+                "workers": self.workers, "threads": self.threads}
+
+
+def cluster_kwargs_option(text: str | None) -> dict | None:
+    """--cluster-kwargs as a dict; None when it gives none, so that $HASHDIST_CLUSTER_KWARGS applies."""
+    return (json_object(text, "--cluster-kwargs") or None) if text else None
+
+
+def split_keywords(function: str, keywords: dict, *classes) -> list[dict]:
+    """``keywords`` of a public function split between the options classes that declare them; a keyword none
+    declares is a TypeError naming the function and the closest keyword."""
+    known = {f.name: i for i, cls in enumerate(classes) for f in fields(cls)}
+    parts: list[dict] = [{} for _ in classes]
+    for name, value in keywords.items():
+        if name not in known:
+            close = difflib.get_close_matches(name, list(known), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else f"; its options: {', '.join(known)}"
+            raise TypeError(f"{function}() got an unexpected keyword argument {name!r}{hint}")
+        parts[known[name]][name] = value
+    return parts
+
+
+@dataclass(frozen=True, kw_only=True)
+class CompareOptions:
+    """What ``hashdist compare`` computes: the cut-offs and radii every method is evaluated at, and the tests'
+    and intervals' resampling."""
+
+    k: tuple[int, ...] = field(default=DEFAULT_K, metadata=option("cut-offs K (default {default})", type=int,
+                                                                  nargs="+"))
+    radius: tuple[int, ...] = field(default=DEFAULT_RADII, metadata=option(
+        "Hamming radii (default {default}); LGAP and micro F are compared at the largest", type=int, nargs="+"))
+    permutations: int = field(default=DEFAULT_PERMUTATIONS, metadata=option(
+        "sign-flip permutations per test (default {default})"))
+    bootstrap: int = DEFAULT_BOOTSTRAP  # resamples of each bootstrap interval (Python API only)
+    seed: int = field(default=DEFAULT_SEED, metadata=option(
+        "seed of the randomisation tests and bootstrap (default {default})"))
+
+    def __post_init__(self):
+        object.__setattr__(self, "k", _listed(self.k, "--k / k=", _NUMBER, "a number"))
+        object.__setattr__(self, "radius", _listed(self.radius, "--radius / radius=", _NUMBER, "a number"))
+        check_integer(self.permutations, "--permutations")
+        check_integer(self.bootstrap, "bootstrap=")
+        check_integer(self.seed, "--seed", 0)
+        self.evaluate_options  # noqa: B018 - K and radii checked as evaluate's
+
+    @property
+    def evaluate_options(self) -> EvaluateOptions:
+        """What each method's datasets are evaluated with."""
+        return EvaluateOptions(k=self.k, radius=self.radius)

@@ -86,52 +86,74 @@ def _adder_tree(builder, planes):
     return [columns[w][0] for w in range(weight)]
 
 
+def _vector_access(builder, vector):
+    """load(array, offset) and add_to(array, offset, value) of the LANES x 64-bit vector at array + offset."""
+
+    def at(array, offset):
+        return builder.bitcast(builder.gep(array, [offset]), vector.as_pointer())
+
+    def load(array, offset):
+        return builder.load(at(array, offset), align=8)
+
+    def add_to(array, offset, value):
+        builder.store(builder.add(load(array, offset), value), at(array, offset), align=8)
+
+    return load, add_to
+
+
+def _count_by_distance(builder, sums, nbits: int, counts_data, add_to) -> None:
+    """counts[d] += the items at distance d, for d in 0..nbits: a tree of ANDs over the distances' bit planes
+    ``sums`` (lowest first) splits the items by distance, each distance counted with one VPOPCNTQ."""
+    i64 = ir.IntType(64)
+    vector = ir.VectorType(i64, LANES)
+    ctpop = builder.module.globals.get("llvm.ctpop.v8i64") or ir.Function(
+        builder.module, ir.FunctionType(vector, [vector]), "llvm.ctpop.v8i64")
+
+    def count(value, mask, level):
+        if level < 0:
+            add_to(counts_data, ir.Constant(i64, value * LANES), builder.call(ctpop, [mask]))
+            return
+        for bit in (0, 1):
+            if value | bit << level <= nbits:
+                term = sums[level] if bit else builder.not_(sums[level])
+                count(value | bit << level, term if mask is None else builder.and_(mask, term), level - 1)
+
+    count(0, None, len(sums) - 1)
+
+
+def _batch_codegen(nbits: int, histogram: bool):
+    """The code of one batch of 512 items (planes[b]) against a query (its bit flips): the adder tree, then its
+    histogram into ``counts``, or without ``histogram`` the XOR of the tree's planes added to counts[0]."""
+
+    def codegen(context, builder, signature, args):
+        i64 = ir.IntType(64)
+        vector = ir.VectorType(i64, LANES)
+        planes_data, flips_data, counts_data = (
+            context.make_array(signature.args[i])(context, builder, args[i]).data for i in (0, 2, 3))
+        base = builder.mul(args[1], ir.Constant(i64, nbits * LANES))
+        load, add_to = _vector_access(builder, vector)
+        flipped = [builder.xor(load(planes_data, builder.add(base, ir.Constant(i64, k * LANES))),
+                               load(flips_data, ir.Constant(i64, k * LANES))) for k in range(nbits)]
+        sums = _adder_tree(builder, flipped)
+        if histogram:
+            _count_by_distance(builder, sums, nbits, counts_data, add_to)
+        else:
+            total = sums[0]
+            for plane in sums[1:]:
+                total = builder.xor(total, plane)
+            add_to(counts_data, ir.Constant(i64, 0), total)
+        return context.get_dummy_value()
+
+    return codegen
+
+
 def make_kernel(nbits: int, histogram: bool):
     """The bit-sliced kernel: H[q, d] += items at distance d, for every query; or, without ``histogram``, the
     adder tree only (the XOR of its planes added to counts[0], so that nothing is optimised away)."""
+    codegen = _batch_codegen(nbits, histogram)
 
     @intrinsic
     def batch(typingctx, planes, b, flips, counts):
-        def codegen(context, builder, signature, args):
-            i64 = ir.IntType(64)
-            vector = ir.VectorType(i64, LANES)
-            planes_data, flips_data, counts_data = (
-                context.make_array(signature.args[i])(context, builder, args[i]).data for i in (0, 2, 3))
-            base = builder.mul(args[1], ir.Constant(i64, nbits * LANES))
-
-            def at(array, offset):
-                return builder.bitcast(builder.gep(array, [offset]), vector.as_pointer())
-
-            def load(array, offset):
-                return builder.load(at(array, offset), align=8)
-
-            def add_to(array, offset, value):
-                builder.store(builder.add(load(array, offset), value), at(array, offset), align=8)
-
-            flipped = [builder.xor(load(planes_data, builder.add(base, ir.Constant(i64, k * LANES))),
-                                   load(flips_data, ir.Constant(i64, k * LANES))) for k in range(nbits)]
-            sums = _adder_tree(builder, flipped)
-
-            def count(value, mask, level):
-                if level < 0:
-                    add_to(counts_data, ir.Constant(i64, value * LANES), builder.call(ctpop, [mask]))
-                    return
-                for bit in (0, 1):
-                    if value | bit << level <= nbits:
-                        term = sums[level] if bit else builder.not_(sums[level])
-                        count(value | bit << level, term if mask is None else builder.and_(mask, term), level - 1)
-
-            if histogram:
-                ctpop = builder.module.globals.get("llvm.ctpop.v8i64") or ir.Function(
-                    builder.module, ir.FunctionType(vector, [vector]), "llvm.ctpop.v8i64")
-                count(0, None, len(sums) - 1)
-            else:
-                total = sums[0]
-                for plane in sums[1:]:
-                    total = builder.xor(total, plane)
-                add_to(counts_data, ir.Constant(i64, 0), total)
-            return context.get_dummy_value()
-
         return types.void(planes, b, flips, counts), codegen
 
     @numba.njit(nogil=True, boundscheck=False)
@@ -186,7 +208,7 @@ def main() -> None:
     import faiss
 
     faiss.omp_set_num_threads(1)
-    m = fixed.machine()
+    m = run.machine()
     print(f"CPU: {m['cpu']}, SIMD: {' '.join(m['simd'])}, numba target {m['numba_target']}; numba {m['numba']}, "
           f"faiss-cpu {m['faiss-cpu']}; {n_q:,} x {n_db:,} clustered codes, 1 thread, thread CPU time\n")
     print("| B | faiss hammings | hashdist distance-only counts | bit-sliced: adder tree only | bit-sliced histogram |")

@@ -13,9 +13,10 @@ import time
 from prefect import flow, task
 from prefect.futures import as_completed
 
-from flows.runtime import TASK_OPTIONS, api_for_workers, cache_parameter, task_runner
+from flows.runtime import TASK_OPTIONS, api_for_workers, cache_parameter, handed_over, taken, task_runner
 from hashdist.engine import groundtruth as gt
 from hashdist.engine.cache import resolve_cache
+from hashdist.options import ExecutionOptions, GroundTruthOptions, split_keywords
 from hashdist.progress import progress_bar
 
 
@@ -27,21 +28,15 @@ def block_task(sweep, block, cache_dir):
 @flow(name="groundtruth", persist_result=False, log_prints=True, task_runner=task_runner())
 def groundtruth(
     dataset: str,
-    method: str,
-    neighbors: int | None = None,
-    sample: int | None = None,
-    seed: int | None = None,
-    epsilon: float | None = None,
-    percent: float | None = None,
-    query_block_rows: int | None = None,
-    db_block_rows: int | None = None,
+    options: GroundTruthOptions,
     cache: str | bool | None = None,
     progress: bool = False,
+    prepared: str | None = None,
 ) -> dict:
-    """Compute and store DATASET's ground truth; returns the ``groundtruth`` record plus blocks and timing."""
+    """Compute and store DATASET's ground truth; returns the ``groundtruth`` record plus blocks and timing.
+    ``prepared``: the key of the request :func:`run_groundtruth` checked in this process."""
     t_start = time.time()
-    ds, params = gt.prepare(dataset, method=method, neighbors=neighbors, sample=sample, seed=seed, epsilon=epsilon,
-                            percent=percent, query_block_rows=query_block_rows, db_block_rows=db_block_rows)
+    ds, params = taken(prepared) or options.resolve(dataset)
     cache_arg = resolve_cache(cache).argument
     blocks = {"computed": 0, "cached": 0}
     with progress_bar(0, progress) as bar:
@@ -63,12 +58,17 @@ def groundtruth(
     return {**stored.attrs()["groundtruth"], "blocks": blocks, "timing": timing}
 
 
-def run_groundtruth(dataset, *, cache=None, address=None, cluster_class=None, cluster_kwargs=None, workers=None,
-                    threads=None, progress=False, **options) -> dict:
-    """Validate the inputs here (bad input fails before any cluster starts), then run the flow."""
-    gt.prepare(dataset, **options)
-    cache = cache_parameter(cache)
-    runner = task_runner(address, cluster_class, cluster_kwargs, workers, threads)
-    with api_for_workers(address, cluster_class, cluster_kwargs):
-        return groundtruth.with_options(task_runner=runner)(dataset=str(dataset), cache=cache, progress=progress,
-                                                            **options)
+def run_groundtruth(dataset, *, options: GroundTruthOptions | None = None, execution: ExecutionOptions | None = None,
+                    prepared=None, **keywords) -> dict:
+    """Check the inputs here (bad input fails before any cluster starts), then run the flow on the cluster that
+    ``execution`` names. ``options`` / ``execution``: the objects, or their fields as keywords (method=,
+    percent=, threads=, cache=, ...); ``prepared``: the request the caller (the CLI) checked, not checked again."""
+    groundtruth_keywords, execution_keywords = split_keywords("run_groundtruth", keywords, GroundTruthOptions,
+                                                              ExecutionOptions)
+    options = options or GroundTruthOptions(**groundtruth_keywords)
+    execution = execution or ExecutionOptions(**execution_keywords)
+    with handed_over(prepared or options.resolve(dataset)) as key, \
+            api_for_workers(execution.address, execution.cluster_class, execution.cluster_kwargs):
+        return groundtruth.with_options(task_runner=task_runner(**execution.cluster))(
+            dataset=str(dataset), options=options, cache=cache_parameter(execution.cache),
+            progress=execution.progress, prepared=key)

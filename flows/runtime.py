@@ -17,10 +17,12 @@ import uuid
 def set_prefect_defaults() -> None:
     """hashdist's defaults for Prefect settings, before Prefect loads them; the environment still wins.
 
-    No telemetry (it fails without network and logs an ERROR on every run), and time for the
+    No telemetry, server or client, unless the environment asks for it (it fails without network and logs an
+    ERROR on every run), and time for the
     temporary API server to start on a loaded machine (Prefect's default limit is 20 s).
     """
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("DO_NOT_TRACK", "1")  # Prefect's client telemetry (and its first-run notice) listens to this
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
 
 

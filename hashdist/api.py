@@ -8,24 +8,26 @@ import time
 
 from hashdist.compare.comparison import CheckedComparison, build_comparison, validate
 from hashdist.engine.cache import resolve_cache
+from hashdist.engine.groundtruth import run_local as run_groundtruth_local
 from hashdist.engine.plan import for_threads
 from hashdist.engine.reduction import run_local
 from hashdist.errors import InputError, is_integer
-from hashdist.options import CompareOptions, EvaluateOptions, PreparedRun, split_keywords
+from hashdist.options import CompareOptions, EvaluateOptions, GroundTruthOptions, PreparedRun, split_keywords
 from hashdist.progress import advance, progress_bar
 from hashdist.report.comparison import write_comparison
 from hashdist.report.document import Evaluation, build_report
 
-__all__ = ["Evaluation", "compare", "evaluate", "evaluate_local", "options_of", "prepare", "run_compare"]
+__all__ = ["Evaluation", "compare", "evaluate", "evaluate_local", "groundtruth_local", "options_of", "prepare",
+           "run_compare"]
 
 
-def options_of(function: str, options: EvaluateOptions | None, keywords: dict) -> EvaluateOptions:
-    """A public function's evaluate options: the object given, or built from its keywords (a keyword no option
+def options_of(function: str, options, keywords: dict, cls=EvaluateOptions):
+    """A public function's options: the ``cls`` object given, or built from its keywords (a keyword no option
     declares is a TypeError naming ``function`` and the closest option); not both."""
     if options is not None and keywords:
         raise TypeError(f"{function}(): give options= or keyword options, not both")
-    (keywords,) = split_keywords(function, keywords, EvaluateOptions)
-    return options if options is not None else EvaluateOptions(**keywords)
+    (keywords,) = split_keywords(function, keywords, cls)
+    return options if options is not None else cls(**keywords)
 
 
 def prepare(dataset, options: EvaluateOptions | None = None, **keywords) -> PreparedRun:
@@ -97,9 +99,15 @@ def compare(specs, *, cache=None, out=None, overwrite: bool = False, tables=(), 
     """Evaluate every run of every ``NAME=DATASET[,DATASET...]`` in this process and compare them (see
     :mod:`hashdist.compare.comparison`). Options: a :class:`hashdist.options.CompareOptions` as ``options=``, or
     its fields as keywords (k, radius, permutations, bootstrap, seed). ``cache`` as for :func:`evaluate`."""
-    if options is not None and keywords:
-        raise TypeError("compare(): give options= or keyword options, not both")
-    (keywords,) = split_keywords("compare", keywords, CompareOptions)
-    options = options or CompareOptions(**keywords)
+    options = options_of("compare", options, keywords, CompareOptions)
     return run_compare(specs, options, lambda run: evaluate_prepared(run, cache, None, False, time.time()), out=out,
                        overwrite=overwrite, tables=tables, checked=checked)
+
+
+def groundtruth_local(dataset, *, cache=None, threads: int | None = None, progress: bool = False,
+                      options: GroundTruthOptions | None = None, **keywords):
+    """Ground truth from the dataset's features, computed in this process: (ground truth, {blocks, timing}); write
+    it with :func:`hashdist.engine.groundtruth.write`. Options: a :class:`hashdist.options.GroundTruthOptions`, or
+    its fields as keywords (method, neighbors, sample, seed, epsilon, percent, block rows)."""
+    ds, params = options_of("groundtruth_local", options, keywords, GroundTruthOptions).resolve(dataset)
+    return run_groundtruth_local(ds, params, cache=cache, threads=threads, progress=progress)

@@ -18,9 +18,11 @@ that refused a batch is unchanged and stays usable.
 from __future__ import annotations
 
 import uuid
+from dataclasses import replace
 
 import numpy as np
 
+from hashdist.api import evaluate_local, options_of
 from hashdist.data.bits import (
     check_code_convention,
     code_values,
@@ -34,6 +36,7 @@ from hashdist.data.ingest import check_relevant
 from hashdist.data.inputs import check_scores
 from hashdist.defaults import DEFAULT_CHUNK_ROWS, DEFAULT_QUERY_CHUNK_ROWS
 from hashdist.errors import InputError, is_integer
+from hashdist.options import EvaluateOptions
 
 __all__ = ["Evaluator", "evaluate_codes"]
 
@@ -167,8 +170,10 @@ class Evaluator:
         self.nbits = self.nbits or other.nbits
         return self
 
-    def compute(self, *, relevant=None, query_scores=None, threads: int | None = None, **options) -> dict:
-        """The report document of everything added so far (see :func:`hashdist.evaluate` for the options).
+    def compute(self, *, relevant=None, query_scores=None, threads: int | None = None,
+                options: EvaluateOptions | None = None, **keywords) -> dict:
+        """The report document of everything added so far (options as for :func:`hashdist.evaluate`: the object
+        or its fields as keywords).
 
         ``relevant``: explicit ground truth instead of labels, as a CSR triple (indptr, indices[, grades])
         or a list with each query's relevant database indices (an empty one: none); with labels too, it is
@@ -176,8 +181,7 @@ class Evaluator:
         vectors (Q, B), ranked by the asymmetric distance -y.b (docs/metrics.md, section 4b);
         ``bit_weights=`` (B,) or (Q, B) ranks by weighted Hamming distance.
         """
-        from hashdist.api import evaluate_local
-
+        options = options_of("Evaluator.compute", options, keywords)
         db, queries = self._parts["database"], self._parts["queries"]
         for side, name in ((db, "add_database"), (queries, "add_queries")):
             if not side.rows:
@@ -185,13 +189,13 @@ class Evaluator:
         scores = None
         if query_scores is not None:
             scores = check_scores(as_numpy(query_scores, "query_scores"), self.nbits, queries.rows, "query_scores")
-            options.setdefault("distance", "asymmetric")
-        if relevant is not None and options.get("relevance") is None:
-            options["relevance"] = "explicit"
+            options = replace(options, distance=options.distance or "asymmetric")
+        if relevant is not None and options.relevance is None:
+            options = replace(options, relevance="explicit")
         url = f"memory://hashdist-{uuid.uuid4().hex}"
         try:
             self._write(url, _relevant_csr(relevant, queries.rows, db.rows), scores)
-            report = evaluate_local(url, cache=False, threads=threads, **options).report
+            report = evaluate_local(url, cache=False, threads=threads, options=options).report
         except InputError as exc:  # named as the caller knows the data, not by the run's in-memory store
             raise InputError(str(exc).replace(url, "<arrays>")) from None
         finally:
@@ -257,19 +261,22 @@ def _remove_memory_dataset(url: str) -> None:
 
 
 def evaluate_codes(query_codes, db_codes, query_labels=None, db_labels=None, *, relevant=None, nbits=None,
-                   query_scores=None, threads: int | None = None, **options) -> dict:
+                   query_scores=None, threads: int | None = None, options: EvaluateOptions | None = None,
+                   **keywords) -> dict:
     """The report document for in-memory codes (the same as ``hashdist.evaluate`` on them ingested).
 
     ``relevant`` replaces labels with explicit ground truth (a CSR triple or a list of index arrays per
     query, an empty one for none) unless ``relevance=`` picks the labels' kind; ``nbits`` means the codes
-    are packed ``numpy.packbits`` rows of that many bits. Options as for :func:`hashdist.evaluate` (those of
-    :func:`hashdist.api.prepare`). ``query_scores``: rank by the asymmetric distance to these real-valued query
+    are packed ``numpy.packbits`` rows of that many bits. Options as for :func:`hashdist.evaluate` (an
+    :class:`hashdist.options.EvaluateOptions`, or its fields as keywords).
+    ``query_scores``: rank by the asymmetric distance to these real-valued query
     vectors.
     Writes no files.
     """
+    options = options_of("evaluate_codes", options, keywords)  # a keyword typo fails before any work
     if (query_labels is None) != (db_labels is None):
         raise InputError("query_labels and db_labels must be given together")
     evaluator = Evaluator(nbits)
     evaluator.add_database(db_codes, db_labels)
     evaluator.add_queries(query_codes, query_labels)
-    return evaluator.compute(relevant=relevant, query_scores=query_scores, threads=threads, **options)
+    return evaluator.compute(relevant=relevant, query_scores=query_scores, threads=threads, options=options)

@@ -1,5 +1,8 @@
 """Defaults shared by the API, the CLI, the flows and the comparison (one place to change them)."""
 
+import os
+from pathlib import Path
+
 DEFAULT_K = (10, 100, 1000)  # cut-offs K of the @K metrics
 DEFAULT_RADII = (0, 1, 2)  # Hamming radii of the radius metrics and mLGAP
 DEFAULT_BETA = 1.0  # F-beta's beta
@@ -13,3 +16,11 @@ DEFAULT_PERMUTATIONS = 10000  # sign-flip permutations of a randomisation test (
 DEFAULT_BOOTSTRAP = 2000  # bootstrap resamples of a confidence interval (compare)
 DEFAULT_SEED = 0  # seed of the tests and the bootstrap
 DEFAULT_ALPHA = 0.05  # significance level of history's drop test
+
+
+def default_cache_dir() -> Path:
+    """Per-user cache shared by all runs: $HASHDIST_CACHE, else $XDG_CACHE_HOME/hashdist, else ~/.cache/hashdist."""
+    if os.environ.get("HASHDIST_CACHE"):
+        return Path(os.environ["HASHDIST_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "hashdist"

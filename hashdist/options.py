@@ -22,6 +22,7 @@ import numpy as np
 from hashdist.data.dataset import Dataset, open_dataset
 from hashdist.data.protocols import PROTOCOLS, get_protocol, protocol_k
 from hashdist.defaults import (
+    DEFAULT_BETA,
     DEFAULT_BOOTSTRAP,
     DEFAULT_DB_BLOCK_ROWS,
     DEFAULT_DISTANCE_BINS,
@@ -30,9 +31,12 @@ from hashdist.defaults import (
     DEFAULT_QUERY_BLOCK_ROWS,
     DEFAULT_RADII,
     DEFAULT_SEED,
+    GROUNDTRUTH_QUERY_BLOCK_ROWS,
 )
+from hashdist.engine import groundtruth as gt
+from hashdist.engine.blocks import block_rows
 from hashdist.engine.plan import Plan, make_plan
-from hashdist.errors import InputError, check_integer, is_integer, json_object
+from hashdist.errors import InputError, check_integer, check_number, is_integer, json_object
 from hashdist.kernels.distance import KINDS, DistanceAxis, asymmetric_axis, check_bins, check_weights, weighted_axis
 from hashdist.metrics.conventions import BY_NAME, CONVENTIONS
 from hashdist.metrics.summary import EMPTY_QUERY_RULES, MetricParams
@@ -76,7 +80,7 @@ class EvaluateOptions:
         "(from Python also an array)", metavar="W.npy"))
     distance_bins: int = field(default=DEFAULT_DISTANCE_BINS, metadata=option(
         "bins of a real-valued distance (default {default}); more bins, narrower certified intervals", metavar="G"))
-    beta: float = field(default=1.0, metadata=option("F-beta's beta (default {default:g})"))
+    beta: float = field(default=DEFAULT_BETA, metadata=option("F-beta's beta (default {default:g})"))
     empty_queries: Literal["exclude", "zero"] = field(default="exclude", metadata=option(
         "queries without relevant items: excluded from means (default) or counted as 0"))
     relevance: Literal["class", "multilabel", "explicit"] | None = field(default=None, metadata=option(
@@ -332,8 +336,8 @@ def split_keywords(function: str, keywords: dict, *classes) -> list[dict]:
     parts: list[dict] = [{} for _ in classes]
     for name, value in keywords.items():
         if name not in known:
-            close = difflib.get_close_matches(name, list(known), n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else f"; its options: {', '.join(known)}"
+            close = closest(name, list(known))
+            hint = f" (did you mean {close!r}?)" if close else f"; its options: {', '.join(known)}"
             raise TypeError(f"{function}() got an unexpected keyword argument {name!r}{hint}")
         parts[known[name]][name] = value
     return parts
@@ -366,3 +370,78 @@ class CompareOptions:
     def evaluate_options(self) -> EvaluateOptions:
         """What each method's datasets are evaluated with."""
         return EvaluateOptions(k=self.k, radius=self.radius)
+
+
+def closest(word: str, known: list[str]) -> str | None:
+    """The known name a typo most likely meant: the closest by spelling, else one the word contains or
+    is contained in (``topk`` -> ``k``, ``radii`` -> ``radius``), else None."""
+    word = word.lower()
+    close = difflib.get_close_matches(word, known, n=1, cutoff=0.6)
+    if close:
+        return close[0]
+    inside = [name for name in known if name in word or word in name]
+    return max(inside, key=len) if inside else None
+
+
+@dataclass(frozen=True, kw_only=True)
+class GroundTruthOptions:
+    """What ``hashdist groundtruth`` computes from the dataset's features: an epsilon ball (given, or estimated
+    from a sample's ``neighbors``-th nearest item) or the top ``percent`` of the database per query."""
+
+    method: Literal["epsilon_ball", "top_percent"] = field(metadata=option(
+        "epsilon_ball: distance <= epsilon; top_percent: the --percent nearest"))
+    neighbors: int | None = field(default=None, metadata=option(
+        f"epsilon_ball: the R-th neighbour sets epsilon (default {gt.DEFAULT_NEIGHBORS})"))
+    sample: int | None = field(default=None, metadata=option(
+        f"epsilon_ball: database points sampled for epsilon (default {gt.DEFAULT_SAMPLE})"))
+    seed: int | None = field(default=None, metadata=option("epsilon_ball: seed of the sample (default 0)"))
+    epsilon: float | None = field(default=None, metadata=option(
+        "epsilon_ball: use this radius instead of estimating it"))
+    percent: float | None = field(default=None, metadata=option(
+        f"top_percent: percentage of the database (default {gt.DEFAULT_PERCENT:g})"))
+    query_block_rows: int | None = field(default=None, metadata=option(
+        f"queries per block (default {GROUNDTRUTH_QUERY_BLOCK_ROWS}; rounded up to whole chunks)"))
+    db_block_rows: int | None = field(default=None, metadata=option(
+        f"database rows per block (default {DEFAULT_DB_BLOCK_ROWS}; rounded up to whole chunks; at most 2^31 - 1)"))
+
+    def __post_init__(self):
+        if self.method not in gt.METHODS:
+            raise InputError(f"--method must be one of {', '.join(gt.METHODS)}, got {self.method!r}")
+        if self.method == "top_percent":
+            _refuse(((self.neighbors, "--neighbors"), (self.sample, "--sample"), (self.seed, "--seed"),
+                     (self.epsilon, "--epsilon")), "applies only to --method epsilon_ball")
+            percent = gt.DEFAULT_PERCENT if self.percent is None else check_number(self.percent, "--percent")
+            if not 0 < percent <= 100:
+                raise InputError(f"--percent must be in (0, 100], got {percent:g}")
+            return
+        if self.percent is not None:
+            raise InputError("--percent applies only to --method top_percent")
+        if self.epsilon is not None:
+            _refuse(((self.neighbors, "--neighbors"), (self.sample, "--sample"), (self.seed, "--seed")),
+                    "sets how epsilon is estimated; it cannot be combined with --epsilon")
+            if check_number(self.epsilon, "--epsilon") < 0:
+                raise InputError(f"--epsilon must be >= 0, got {self.epsilon:g}")
+
+    def resolve(self, dataset) -> tuple[Dataset, gt.Params]:
+        """Open the dataset, check its features and the options against its sizes: the checked request."""
+        ds = open_dataset(dataset)
+        gt.check_features(ds)
+        blocks = dict(
+            query_block_rows=block_rows(self.query_block_rows, ds.chunk_rows("queries"), GROUNDTRUTH_QUERY_BLOCK_ROWS,
+                                        "--query-block-rows", ds.n_queries),
+            db_block_rows=block_rows(self.db_block_rows, ds.chunk_rows("database"), DEFAULT_DB_BLOCK_ROWS,
+                                     "--db-block-rows", ds.n_database))
+        if self.method == "top_percent":
+            percent = gt.DEFAULT_PERCENT if self.percent is None else float(self.percent)
+            return ds, gt.Params(self.method, percent=percent, **blocks)
+        if self.epsilon is not None:
+            return ds, gt.Params(self.method, epsilon=float(self.epsilon), **blocks)
+        estimate = gt.epsilon_estimate(ds.n_database, self.neighbors, self.sample, self.seed)
+        return ds, gt.Params(self.method, **estimate, **blocks)
+
+
+def _refuse(options, why: str) -> None:
+    """InputError naming the first of the (value, option) pairs that is given, and ``why`` it does not apply."""
+    for value, name in options:
+        if value is not None:
+            raise InputError(f"{name} {why}")

@@ -260,8 +260,7 @@ def test_bad_hashtable_setting(tmp_path, capsys, dataset):
 @pytest.mark.parametrize("writer", ["evaluation", "comparison"])
 def test_library_writers_take_the_output_lock(tmp_path, class_dataset, writer):
     """Evaluation.write and compare(out=...) refuse an output another process is writing, and write nothing."""
-    from hashdist.api import evaluate_local
-    from hashdist.api import compare
+    from hashdist.api import compare, evaluate_local
     from hashdist.errors import InputError
 
     out = tmp_path / "out"

@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 from scipy.stats import ttest_rel
 
-from hashdist.cli import main
 from hashdist.api import compare
+from hashdist.cli import main
 from hashdist.compare.comparison import parse_methods
-from hashdist.metrics.stats import bootstrap_ci, holm, paired_t_pvalue, randomization_pvalue
 from hashdist.data.synth import digits_dataset, synth_dataset
 from hashdist.errors import InputError
+from hashdist.metrics.stats import bootstrap_ci, holm, paired_t_pvalue, randomization_pvalue
 
 
 def test_t_pvalue_matches_scipy():

@@ -118,7 +118,7 @@ def _ingest(tmp_path, db_bits, db_labels, q_bits, q_labels, scores=None, name="d
         if arr is not None:
             paths[key] = str(tmp_path / f"{name}-{key}.npy")
             np.save(paths[key], arr)
-    return hashdist.data.ingest(str(tmp_path / name), paths["dc"], paths["qc"], db_labels=paths["dl"],
+    return hashdist.ingest(str(tmp_path / name), paths["dc"], paths["qc"], db_labels=paths["dl"],
                            query_labels=paths["ql"], query_scores=paths.get("ys"), chunk_rows=64, query_chunk_rows=4)
 
 

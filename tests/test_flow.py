@@ -95,3 +95,25 @@ def test_flow_publishes_metric_table_and_report_link_artifacts(class_dataset, tm
     table = json.loads(table) if isinstance(table, str) else table
     assert table[0]["metric"] == "mAP" and table[0]["expected"] == ev.report["metrics"]["map"]["expected"]
     assert str(tmp_path / "report" / "report.html") in artifacts["hashdist-report"].data
+
+
+def test_a_cli_run_checks_its_options_against_the_dataset_once(class_dataset, tmp_path, monkeypatch):
+    """The CLI resolves the options before any cluster starts and hands the run to its flow run: one resolve
+    (one opening of the dataset and one digest of its blocks) per run, whatever the engine."""
+    from hashdist.cli import main
+    from hashdist.options import EvaluateOptions
+
+    calls = []
+    real = EvaluateOptions.resolve
+
+    def counted(self, dataset):
+        calls.append(dataset)
+        return real(self, dataset)
+
+    monkeypatch.setattr(EvaluateOptions, "resolve", counted)
+    for engine in ("flow", "local"):
+        calls.clear()
+        out = tmp_path / engine
+        assert main(["evaluate", class_dataset, "--out", str(out), "--engine", engine, "--no-cache", "--quiet",
+                     "--no-html"]) == 0
+        assert calls == [class_dataset], engine

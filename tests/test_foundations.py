@@ -1,9 +1,9 @@
 """Regression tests for the foundations: ball volumes, recorded parameters, the registry and the one reduction."""
 
 import functools
-from concurrent.futures import ThreadPoolExecutor
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from math import comb
 
 import numpy as np

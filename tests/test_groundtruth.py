@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from hashdist.api import evaluate_local
+from hashdist.api import evaluate_local, groundtruth_local
 from hashdist.cli import main
 from hashdist.data.dataset import open_dataset
 from hashdist.data.ingest import ingest
@@ -88,7 +88,7 @@ BLOCKS = [dict(query_block_rows=8, db_block_rows=100), dict(query_block_rows=24,
 @pytest.mark.parametrize("percent", [0.1, 2, 7.5, 100])
 def test_top_percent_equals_brute_force_with_boundary_ties(tied, blocks, percent):
     url, db, q = tied
-    gt, _ = groundtruth.run_local(url, method="top_percent", percent=percent, cache=False, **blocks)
+    gt, _ = groundtruth_local(url, method="top_percent", percent=percent, cache=False, **blocks)
     expected = reference_top_percent(q, db, percent)
     assert (as_matrix(gt, len(db)) == expected).all()
     assert gt.record["k"] == math.ceil(percent * len(db) / 100)
@@ -101,7 +101,7 @@ def test_epsilon_ball_equals_brute_force_with_ties_at_epsilon(tied, blocks):
     url, db, q = tied
     d2 = reference_sq_distances(q, db)
     for epsilon in (0.0, 2.0, 3.0):  # squared distances are integers: many pairs sit exactly at epsilon
-        gt, _ = groundtruth.run_local(url, method="epsilon_ball", epsilon=epsilon, cache=False, **blocks)
+        gt, _ = groundtruth_local(url, method="epsilon_ball", epsilon=epsilon, cache=False, **blocks)
         assert (d2 == epsilon**2).any()
         assert (as_matrix(gt, len(db)) == (np.sqrt(d2) <= epsilon)).all()
         assert gt.record["epsilon"] == epsilon and gt.record["sample_indices"] == []
@@ -110,7 +110,7 @@ def test_epsilon_ball_equals_brute_force_with_ties_at_epsilon(tied, blocks):
 @pytest.mark.parametrize("blocks", BLOCKS)
 def test_estimated_epsilon_equals_brute_force(tied, blocks):
     url, db, q = tied
-    gt, _ = groundtruth.run_local(url, method="epsilon_ball", neighbors=20, sample=30, seed=3, cache=False, **blocks)
+    gt, _ = groundtruth_local(url, method="epsilon_ball", neighbors=20, sample=30, seed=3, cache=False, **blocks)
     sample = np.sort(np.random.default_rng(3).choice(len(db), size=30, replace=False))
     assert gt.record["sample_indices"] == sample.tolist()
     epsilon = reference_epsilon(db, sample, 20)
@@ -122,9 +122,9 @@ def test_estimated_epsilon_equals_brute_force(tied, blocks):
 def test_real_valued_features(tmp_path, dtype):
     url, db, q = features_data(tmp_path, integer=False, dtype=dtype, dim=24)
     assert open_dataset(url).array("database/features").dtype == dtype
-    top, _ = groundtruth.run_local(url, method="top_percent", percent=3, cache=False)
+    top, _ = groundtruth_local(url, method="top_percent", percent=3, cache=False)
     assert (as_matrix(top, len(db)) == reference_top_percent(q, db, 3)).all()
-    ball, _ = groundtruth.run_local(url, method="epsilon_ball", neighbors=10, sample=50, cache=False,
+    ball, _ = groundtruth_local(url, method="epsilon_ball", neighbors=10, sample=50, cache=False,
                                     db_block_rows=200)
     epsilon = reference_epsilon(db, np.array(ball.record["sample_indices"]), 10)
     assert ball.record["epsilon"] == epsilon
@@ -138,7 +138,7 @@ def test_written_into_the_dataset_and_replaced_on_rerun(tmp_path):
         evaluate_local(url, cache=False)
     fingerprints = {name: open_dataset(url).fingerprints[name].digest for name in ("database/features",
                                                                                    "queries/features")}
-    gt, _ = groundtruth.run_local(url, method="top_percent", percent=5, cache=False)
+    gt, _ = groundtruth_local(url, method="top_percent", percent=5, cache=False)
     ds = groundtruth.write(open_dataset(url), gt)
     assert ds.relevance_kinds == ("explicit",)
     record = ds.attrs()["groundtruth"]
@@ -148,7 +148,7 @@ def test_written_into_the_dataset_and_replaced_on_rerun(tmp_path):
     assert (indptr == gt.indptr).all() and (indices == gt.indices).all() and (grades == 1).all()
     assert evaluate_local(url, cache=False).report["dataset"]["relevance"] == "explicit"
 
-    again, _ = groundtruth.run_local(url, method="epsilon_ball", epsilon=1.5, cache=False)
+    again, _ = groundtruth_local(url, method="epsilon_ball", epsilon=1.5, cache=False)
     ds = groundtruth.write(ds, again)
     assert ds.relevance_kinds == ("explicit",)
     assert ds.attrs()["groundtruth"]["method"] == "epsilon_ball"
@@ -167,7 +167,7 @@ def test_evaluate_on_explicit_ground_truth_equals_class_labels(tmp_path):
     url = tmp_path / "c.zarr"
     ingest(url, paths["db"], paths["q"], db_labels=paths["dbl"], query_labels=paths["ql"], db_features=paths["df"],
            query_features=paths["qf"], chunk_rows=100, query_chunk_rows=8)
-    gt, _ = groundtruth.run_local(url, method="epsilon_ball", epsilon=0.0, cache=False)
+    gt, _ = groundtruth_local(url, method="epsilon_ball", epsilon=0.0, cache=False)
     np.save(tmp_path / "other_df.npy", np.eye(4, dtype=np.float32)[dbl] * 2)  # the same rows, other features
     other = tmp_path / "other.zarr"
     ingest(other, paths["db"], paths["q"], db_labels=paths["dbl"], query_labels=paths["ql"],
@@ -253,7 +253,7 @@ def test_flow_on_two_workers_equals_local_and_reruns_from_cache(tmp_path, prefec
     from flows.groundtruth import run_groundtruth
 
     url, db, q = features_data(tmp_path)
-    local, _ = groundtruth.run_local(url, method="epsilon_ball", neighbors=20, sample=30, cache=False)
+    local, _ = groundtruth_local(url, method="epsilon_ball", neighbors=20, sample=30, cache=False)
     options = dict(method="epsilon_ball", neighbors=20, sample=30, query_block_rows=8, db_block_rows=100,
                    cache=tmp_path / "cache")
     summary = run_groundtruth(url, workers=2, threads=1, **options)

@@ -5,8 +5,9 @@ import pytest
 
 from hashdist.data.bits import pack_bits
 from hashdist.errors import InputError
-from hashdist.kernels.hashtable import hashtable_counts, parse_hashtable_spec
+from hashdist.kernels.hashtable import hashtable_counts
 from hashdist.metrics.radius import hashtable_metrics
+from hashdist.options import parse_hashtable
 
 
 def _brute_retrieved(q_bits, db_bits, k_bits, n_tables):
@@ -93,13 +94,13 @@ def test_metrics_are_micro_scores():
 
 
 def test_parse_spec():
-    assert parse_hashtable_spec("8x4") == (8, 4)
-    assert parse_hashtable_spec(" 16X2 ", nbits=32) == (16, 2)
+    assert parse_hashtable("8x4") == (8, 4)
+    assert parse_hashtable(" 16X2 ", nbits=32) == (16, 2)
     for bad in ("8", "8x", "x4", "0x4", "8x0", "-8x4", "8*4", "a x b"):
         with pytest.raises(InputError, match="expected KxL"):
-            parse_hashtable_spec(bad)
+            parse_hashtable(bad)
     with pytest.raises(InputError, match="exceeds the 32-bit codes"):
-        parse_hashtable_spec("8x5", nbits=32)
+        parse_hashtable("8x5", nbits=32)
 
 
 def test_kernel_refuses_substrings_beyond_the_code():

@@ -14,8 +14,7 @@ from html.parser import HTMLParser
 
 import pytest
 
-from hashdist.api import evaluate_local
-from hashdist.compare.comparison import compare
+from hashdist.api import compare, evaluate_local
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

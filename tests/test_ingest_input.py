@@ -38,7 +38,7 @@ def test_array_passed_for_a_path_is_refused_briefly(tmp_path, files, argument):
     paths[argument] = np.load(files["db"])
     out = tmp_path / "out.zarr"
     with pytest.raises(hashdist.InputError) as info:
-        hashdist.data.ingest(out, paths.pop("db_codes"), paths.pop("query_codes"), **paths)
+        hashdist.ingest(out, paths.pop("db_codes"), paths.pop("query_codes"), **paths)
     message = str(info.value)
     assert message.startswith(f"{argument}: expected a path to a .npy file, got numpy.ndarray"), message
     assert "hashdist.evaluate_codes" in message and "\n" not in message and len(message) < 200
@@ -47,7 +47,7 @@ def test_array_passed_for_a_path_is_refused_briefly(tmp_path, files, argument):
 
 def test_corrupt_chunk_is_the_one_named(tmp_path, capsys, files):
     data = tmp_path / "data.zarr"
-    hashdist.data.ingest(data, files["db"], files["q"], db_labels=files["dbl"], query_labels=files["ql"], chunk_rows=50)
+    hashdist.ingest(data, files["db"], files["q"], db_labels=files["dbl"], query_labels=files["ql"], chunk_rows=50)
     (data / "database" / "codes" / "c" / "3" / "0").write_bytes(b"garbage, not a zstd chunk" * 10)
     out = tmp_path / "report"
     for extra in ([], ["--db-block-rows", "100"]):

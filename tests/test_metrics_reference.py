@@ -42,6 +42,7 @@ from hashdist.metrics import (
     recall_at_radius,
     roc_auc,
 )
+from hashdist.metrics.summary import MetricParams, aggregate, per_query_metrics
 
 TOL = 1e-12
 BITS = (1, 4, 12, 64, 65, 128)
@@ -416,22 +417,31 @@ def test_ndcg_sklearn(data):
 # --- Hamming-radius metrics, micro P/R/F, PR curve, AUPRC --------------------------------
 
 
+def pipeline_micro(H, radii, beta=1.0) -> dict:
+    """The report's ``micro_at_radius`` of H, by radius: the pipeline's per-query counts summed over every query
+    (--empty-queries zero evaluates them all) and its micro scores of the sums."""
+    params = MetricParams(radii=tuple(radii), beta=beta, empty_queries="zero")
+    per_query = per_query_metrics(H, np.ones((H.shape[0], max(radii) + 1), dtype=np.int64), params)
+    return aggregate(per_query, params)[0]["micro_at_radius"]
+
+
 @settings(max_examples=40, **SETTINGS)
 @given(histograms(max_items=40, max_queries=4), st.sampled_from([1.0, 0.5, 2.0, 0.3]))
 def test_radius_metrics(H, beta):
     B = H.shape[1] - 1
     per_query = items(H)
     radii = sorted({0, 1, B // 2, B - 1, B} | {int(d) for dist, _ in per_query for d in dist} & set(range(B + 1)))
+    radii = [r for r in radii if r >= 0]
+    micro = pipeline_micro(H, radii, beta)
     for r in radii:
-        if r < 0:
-            continue
         p, rc = precision_at_radius(H, r), recall_at_radius(H, r)
         for q, (dist, grade) in enumerate(per_query):
             want_p = ref.to_float(ref.precision_at_radius_items(dist, grade, r))
             want_r = ref.to_float(ref.recall_at_radius_items(dist, grade, r))
             assert close(p[q], want_p), ("P@r", r, describe(H, q), float(p[q]), want_p)
             assert close(rc[q], want_r), ("R@r", r, describe(H, q), float(rc[q]), want_r)
-        got = micro_at_radius(H, r, beta=beta)
+        got = micro[str(r)]
+        assert micro_at_radius(H, r, beta) == got  # the public function of H is the pipeline's value
         want = ref.micro_at_radius_items(per_query, r, beta=beta)
         for key in ("tp", "fp", "fn"):
             assert int(got[key]) == want[key], (key, r)
@@ -447,8 +457,9 @@ def test_micro_zero_over_zero_convention():
     is noticed. Counts must be exact in any case."""
     H = np.zeros((2, 5, 2), dtype=np.int64)
     H[1, 3] = [2, 0]  # no relevant item anywhere; nothing within radius 1
+    micro = pipeline_micro(H, (1, 4))
     for r, fp in ((1, 0), (4, 2)):
-        got = micro_at_radius(H, r)
+        got = micro[str(r)]
         assert (got["tp"], got["fp"], got["fn"]) == (0, fp, 0)
         for key in ("precision", "recall", "f_beta"):
             assert got[key] == 0.0, (r, key, got[key])

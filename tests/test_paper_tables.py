@@ -4,8 +4,8 @@ import re
 
 import pytest
 
-from hashdist.cli import main
 from hashdist.api import compare
+from hashdist.cli import main
 from hashdist.data.synth import synth_dataset
 from hashdist.report.comparison import latex_table, markdown_table
 

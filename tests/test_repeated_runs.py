@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from hashdist.cli import main
 from hashdist.api import compare
-from hashdist.metrics.stats import exact_randomization_pvalue, holm, t_interval
+from hashdist.cli import main
 from hashdist.data.dataset import open_dataset
 from hashdist.data.synth import synth_dataset
 from hashdist.errors import InputError
+from hashdist.metrics.stats import exact_randomization_pvalue, holm, t_interval
 from hashdist.report.comparison import format_leaderboard, latex_table, markdown_table
 
 SEEDS = (11, 12, 13)  # run t has the labels of seed SEEDS[t] (its own split)

@@ -409,3 +409,13 @@ def test_no_progress_bar_off_a_terminal():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["False"] and done.stderr == ""
+
+
+def test_the_launcher_starts_a_server_for_exactly_the_commands_whose_engine_defaults_to_flow():
+    """FLOW_COMMANDS, which the console script reads before anything loads, agrees with the parser."""
+    from hashdist.cli import build_parser
+    from hashdist.cli.launch import FLOW_COMMANDS
+
+    commands = build_parser()._subparsers._group_actions[0].choices
+    flows = {name for name, p in commands.items() if p.get_default("engine") == "flow"}
+    assert flows == set(FLOW_COMMANDS)

@@ -21,14 +21,19 @@ from hashdist.data.protocols import PROTOCOLS
 from hashdist.defaults import (
     DEFAULT_ALPHA,
     DEFAULT_CHUNK_ROWS,
-    DEFAULT_DB_BLOCK_ROWS,
     DEFAULT_PERMUTATIONS,
     DEFAULT_QUERY_CHUNK_ROWS,
     DEFAULT_SEED,
-    GROUNDTRUTH_QUERY_BLOCK_ROWS,
 )
 from hashdist.errors import InputError
-from hashdist.options import CompareOptions, EvaluateOptions, ExecutionOptions, cluster_kwargs_option
+from hashdist.options import (
+    CompareOptions,
+    EvaluateOptions,
+    ExecutionOptions,
+    GroundTruthOptions,
+    closest,
+    cluster_kwargs_option,
+)
 
 DESCRIPTION = """\
 Exact, tie-aware evaluation of binary hash codes for retrieval.
@@ -62,6 +67,19 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message):  # one line, exit status 2
         sys.stderr.write(f"{self.prog}: error: {message}\n")
         sys.exit(2)
+
+    def parse_args(self, args=None, namespace=None):
+        """As argparse's, with an unknown option answered by the closest option of its command."""
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            command = self._subparsers._group_actions[0].choices.get(getattr(parsed, "command", None), self) \
+                if self._subparsers else self
+            known = [flag for flag in command._option_string_actions if flag.startswith("--")]
+            hints = [close for word in extras if word.startswith("-")
+                     for close in [closest(word.split("=")[0], known)] if close]
+            command.error(f"unrecognized arguments: {' '.join(extras)}"
+                          + (f" (did you mean {' and '.join(hints)}?)" if hints else ""))
+        return parsed
 
 
 def _add_ingest(sub):
@@ -224,33 +242,56 @@ def _check_synth_source(a) -> None:
 
 
 def _run_synth(a):
-    from hashdist.data import synth
-
     _check_synth_source(a)
     if a.splits is not None and not a.digits:
         raise InputError("--splits goes with --digits")
     _check_split_options(a)
     if a.digits:
-        kwargs = {k: v for k, v in (("nbits", a.nbits), ("n_queries", a.n_queries)) if v is not None}
-        if a.pooled:
-            kwargs.pop("n_queries", None)
-            synth.digits_pooled(a.out, method=a.digits, seed=a.seed, overwrite=a.overwrite, **kwargs)
-            return f"wrote {os.path.join(a.out, 'codes.npy')} and {os.path.join(a.out, 'labels.npy')} (1797 digits)"
-        if a.splits is not None:
-            for option in ("strategy", "run"):
-                if getattr(a, option) is None:
-                    raise InputError(f"--splits needs --{option}")
-            kwargs.update(splits=a.splits, strategy=a.strategy, run=a.run, validation=a.validation)
-        synth.digits_dataset(a.out, method=a.digits, seed=a.seed, overwrite=a.overwrite, **kwargs)
-        return f"wrote {a.out}"
+        return _synth_digits(a)
     if a.features:
-        names = ("n_database", "n_queries", "nbits", "dim", "n_clusters", "chunk_rows")
-        kwargs = {k: getattr(a, k) for k in names if getattr(a, k) is not None}
-        for name in ("n_database", "n_queries"):
-            if name not in kwargs:
-                raise InputError(f"--{name.replace('_', '-')} is required with --features")
-        synth.features_dataset(a.out, method=a.features, seed=a.seed, overwrite=a.overwrite, **kwargs)
-        return f"wrote {a.out}"
+        return _synth_features(a)
+    return _synth_codes(a)
+
+
+def _wrote_pooled(out: str, what: str) -> str:
+    return f"wrote {os.path.join(out, 'codes.npy')} and {os.path.join(out, 'labels.npy')} ({what})"
+
+
+def _synth_digits(a):
+    """synth --digits: scikit-learn's digits hashed by --digits METHOD (pooled, one split run, or a fixed split)."""
+    from hashdist.data import synth
+
+    kwargs = {k: v for k, v in (("nbits", a.nbits), ("n_queries", a.n_queries)) if v is not None}
+    if a.pooled:
+        kwargs.pop("n_queries", None)
+        synth.digits_pooled(a.out, method=a.digits, seed=a.seed, overwrite=a.overwrite, **kwargs)
+        return _wrote_pooled(a.out, "1797 digits")
+    if a.splits is not None:
+        for option in ("strategy", "run"):
+            if getattr(a, option) is None:
+                raise InputError(f"--splits needs --{option}")
+        kwargs.update(splits=a.splits, strategy=a.strategy, run=a.run, validation=a.validation)
+    synth.digits_dataset(a.out, method=a.digits, seed=a.seed, overwrite=a.overwrite, **kwargs)
+    return f"wrote {a.out}"
+
+
+def _synth_features(a):
+    """synth --features: real-valued features in clusters, with codes hashed from them."""
+    from hashdist.data import synth
+
+    names = ("n_database", "n_queries", "nbits", "dim", "n_clusters", "chunk_rows")
+    kwargs = {k: getattr(a, k) for k in names if getattr(a, k) is not None}
+    for name in ("n_database", "n_queries"):
+        if name not in kwargs:
+            raise InputError(f"--{name.replace('_', '-')} is required with --features")
+    synth.features_dataset(a.out, method=a.features, seed=a.seed, overwrite=a.overwrite, **kwargs)
+    return f"wrote {a.out}"
+
+
+def _synth_codes(a):
+    """synth [--preset NAME]: synthetic codes and labels, a preset's sizes overridden by the options given."""
+    from hashdist.data import synth
+
     if a.preset is not None and a.preset not in synth.PRESETS:
         raise InputError(f"--preset {a.preset}: unknown preset (choose from {', '.join(synth.PRESETS)})")
     kwargs = dict(synth.PRESETS.get(a.preset, {}))
@@ -265,21 +306,15 @@ def _run_synth(a):
         kwargs.pop("chunk_rows", None)
         n_items = kwargs.pop("n_database") + kwargs.pop("n_queries")
         synth.synth_pooled(a.out, n_items=n_items, seed=a.seed, overwrite=a.overwrite, **kwargs)
-        return f"wrote {os.path.join(a.out, 'codes.npy')} and {os.path.join(a.out, 'labels.npy')} ({n_items} items)"
+        return _wrote_pooled(a.out, f"{n_items} items")
     synth.synth_dataset(a.out, seed=a.seed, overwrite=a.overwrite, **kwargs)
     return f"wrote {a.out}"
 
 
-def _add_execution_options(p, query_block_rows: int | None = None):
-    """Where blocks run (ExecutionOptions: engine, cluster, threads, cache) and, for a command whose blocks are
-    not EvaluateOptions' (``query_block_rows``: its default), how large they are."""
+def _add_execution_options(p):
+    """Where blocks run (ExecutionOptions: engine, cluster, threads, cache)."""
     add_fields(p, ExecutionOptions)
     p.add_argument("--no-cache", action="store_true", help="compute every block, store nothing")
-    if query_block_rows is not None:
-        p.add_argument("--query-block-rows", type=int,
-                       help=f"queries per block (default {query_block_rows}; rounded up to whole chunks)")
-        p.add_argument("--db-block-rows", type=int, help=f"database rows per block (default {DEFAULT_DB_BLOCK_ROWS}; "
-                       "rounded up to whole chunks; at most 2^31 - 1)")
 
 
 def _execution(a) -> ExecutionOptions:
@@ -463,44 +498,32 @@ def _add_groundtruth(sub):
         "(queries/relevant, replacing any previous one). epsilon_ball: distance <= epsilon, by default the mean "
         "distance of --sample database points to their --neighbors-th neighbour; top_percent: the --percent nearest.",
     )
-    p.add_argument("dataset", metavar="DATASET")
-    p.add_argument("--method", required=True, choices=["epsilon_ball", "top_percent"])
-    p.add_argument("--neighbors", type=int, help="epsilon_ball: the R-th neighbour sets epsilon (default 50)")
-    p.add_argument("--sample", type=int, help="epsilon_ball: database points sampled for epsilon (default 100)")
-    p.add_argument("--seed", type=int, help="epsilon_ball: seed of the sample (default 0)")
-    p.add_argument("--epsilon", type=float, help="epsilon_ball: use this radius instead of estimating it")
-    p.add_argument("--percent", type=float, help="top_percent: percentage of the database (default 2)")
-    _add_execution_options(p, GROUNDTRUTH_QUERY_BLOCK_ROWS)
+    p.add_argument("dataset", metavar="DATASET", help="a hashdist dataset with features (hashdist ingest "
+                   "--db-features --query-features, or hashdist synth --features)")
+    add_fields(p, GroundTruthOptions)
+    _add_execution_options(p)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
-def _groundtruth_options(a) -> dict:
-    """What ``hashdist.engine.groundtruth.prepare`` takes from the command line."""
-    return dict(method=a.method, neighbors=a.neighbors, sample=a.sample, seed=a.seed, epsilon=a.epsilon,
-                percent=a.percent, query_block_rows=a.query_block_rows, db_block_rows=a.db_block_rows)
-
-
 def _check_groundtruth(a):
-    """The execution options, the dataset's features and the method's options."""
-    from hashdist.engine import groundtruth
-
+    """The execution options, then the method's options against the dataset's features: checked once."""
     a.execution = _execution(a)
-    groundtruth.prepare(a.dataset, **_groundtruth_options(a))
+    a.options = from_args(GroundTruthOptions, a)
+    a.prepared = a.options.resolve(a.dataset)
 
 
 def _run_groundtruth(a):
-    options, execution = _groundtruth_options(a), a.execution
+    execution = a.execution
     if execution.engine == "local":
         from hashdist.engine import groundtruth
 
-        gt, run = groundtruth.run_local(a.dataset, cache=execution.cache, threads=execution.threads,
-                                        progress=execution.progress, **options)
-        summary = {**groundtruth.write(a.dataset, gt).attrs()["groundtruth"], **run}
+        gt, run = groundtruth.run_local(*a.prepared, cache=execution.cache, threads=execution.threads,
+                                        progress=execution.progress)
+        summary = {**groundtruth.write(a.prepared[0], gt).attrs()["groundtruth"], **run}
     else:
         from flows.groundtruth import run_groundtruth
 
-        summary = run_groundtruth(a.dataset, cache=execution.cache, progress=execution.progress,
-                                  **execution.cluster, **options)
+        summary = run_groundtruth(a.dataset, options=a.options, execution=execution, prepared=a.prepared)
     rule = f"epsilon {summary['epsilon']:.6g}" if a.method == "epsilon_ball" else f"k {summary['k']}"
     blocks = summary["blocks"]
     return (f"{a.method}: {rule}; {summary['relevant_pairs']} relevant pairs written to {a.dataset} "

@@ -54,6 +54,8 @@ def add_fields(parser, cls, skip: tuple[str, ...] = ()) -> None:
         default = [] if cli.get("action") == "append" else f.default if f.default is not MISSING else None
         kwargs = {"dest": f.name, "help": help_text(f), "default": list(default) if isinstance(default, tuple)
                   else default, **cli}
+        if f.default is MISSING and f.default_factory is MISSING:
+            kwargs["required"] = True
         choices = _literal_choices(hints[f.name])
         if choices:
             kwargs["choices"] = choices

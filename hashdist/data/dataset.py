@@ -231,13 +231,16 @@ def open_dataset(url) -> Dataset:
     url = str(url)
     if _is_local(url) and not _local_path(url).exists():
         raise InputError(f"{url}: no such dataset (path does not exist)")
+    make = "make one with hashdist ingest (from .npy/.npz codes and labels) or hashdist synth"
+    if url.endswith((".npy", ".npz")):
+        raise InputError(f"{url}: a numpy file, not a hashdist dataset; {make}")
     try:
         group = zarr.open_group(store=url, mode="r")
     except Exception:
-        raise InputError(f"{url}: not a Zarr dataset") from None
+        raise InputError(f"{url}: not a Zarr dataset; {make}") from None
     attrs = dict(group.attrs)
     if attrs.get("format") != FORMAT:
-        raise InputError(f"{url}: not a hashdist dataset (missing format attribute)")
+        raise InputError(f"{url}: not a hashdist dataset (missing format attribute); {make}")
     if attrs.get("format_version") != FORMAT_VERSION:
         raise InputError(
             f"{url}: dataset format version {attrs.get('format_version')} is not supported (expected {FORMAT_VERSION})"

@@ -86,6 +86,13 @@ _S_LABELS, _S_MIX, _S_NOISE, _S_COLLISION, _S_PROTOTYPE, _S_STRAY = range(6)
 # -- synthetic codes ----------------------------------------------------------
 
 
+def _check_choice(value, choices: tuple[str, ...], option: str) -> str:
+    """``value`` if it is one of ``choices``; else InputError naming ``option``."""
+    if value not in choices:
+        raise InputError(f"{option} must be one of {', '.join(choices)}, got {value!r}")
+    return value
+
+
 def _gen_rows(nbits: int, width: int) -> int:
     return max(16, GEN_ELEMENTS // max(nbits, width, 64))
 
@@ -219,9 +226,13 @@ class _Generator:
             words[hit] = self.centre_words[primary[hit]]
         return np.ascontiguousarray(words, dtype=np.uint64), labels
 
-    def write(self, writer: DatasetWriter, part: str, n: int) -> None:
+    def blocks(self, part: str, n: int):
+        """The (code words, labels) of the first n rows of ``part``, generation block by block."""
         for b, start in enumerate(range(0, n, self.gen_rows)):
-            words, labels = self.block(part, b, min(self.gen_rows, n - start))
+            yield self.block(part, b, min(self.gen_rows, n - start))
+
+    def write(self, writer: DatasetWriter, part: str, n: int) -> None:
+        for words, labels in self.blocks(part, n):
             writer.add_codes(part, words)
             writer.add_labels(part, labels)
 
@@ -259,9 +270,28 @@ def synth_dataset(
     """
     n_database = check_integer(n_database, "--n-database", 1)
     n_queries = check_integer(n_queries, "--n-queries", 1)
+    options = _generator_options(nbits=nbits, labels=labels, n_classes=n_classes, n_concepts=n_concepts,
+                                 labels_per_item=labels_per_item, noise=noise, collision=collision,
+                                 prototypes=prototypes, stray=stray, seed=seed)
+    chunk_rows = check_integer(chunk_rows, "--chunk-rows", 1)
+    query_chunk_rows = check_integer(query_chunk_rows, "--query-chunk-rows", 1)
+    gen = _Generator(**options)
+    params, relevance, n_labels = _synth_record(n_database, n_queries, options)
+    params["generation_rows"] = gen.gen_rows
+    with DatasetWriter(
+        out, nbits=options["nbits"], relevance=relevance, n_labels=n_labels, chunk_rows=chunk_rows,
+        query_chunk_rows=query_chunk_rows, overwrite=overwrite, extra_attrs={"synth": params},
+    ) as writer:
+        gen.write(writer, "database", n_database)
+        gen.write(writer, "queries", n_queries)
+    return writer.url
+
+
+def _generator_options(*, nbits, labels, n_classes, n_concepts, labels_per_item, noise, collision, prototypes, stray,
+                       seed) -> dict:
+    """The checked options of :class:`_Generator` for :func:`synth_dataset`."""
     nbits = check_integer(nbits, "--nbits", 1, MAX_NBITS)
-    if labels not in LABEL_KINDS:
-        raise InputError(f"--labels must be one of {', '.join(LABEL_KINDS)}, got {labels!r}")
+    _check_choice(labels, LABEL_KINDS, "--labels")
     n_classes = check_integer(n_classes, "--n-classes", 1, MAX_CLASSES)
     if labels == "class" and n_classes * nbits > MAX_CENTRE_BITS:
         raise InputError(f"--n-classes {n_classes} x --nbits {nbits} exceeds {MAX_CENTRE_BITS} centre bits")
@@ -271,34 +301,26 @@ def synth_dataset(
     collision = check_number(collision, "--collision", 0.0, 1.0)
     prototypes, stray = _check_prototypes(prototypes, stray, n_classes if labels == "class" else n_concepts, nbits)
     seed = check_integer(seed, "--seed", 0)
-    chunk_rows = check_integer(chunk_rows, "--chunk-rows", 1)
-    query_chunk_rows = check_integer(query_chunk_rows, "--query-chunk-rows", 1)
+    return dict(nbits=nbits, labels=labels, n_classes=n_classes, n_concepts=n_concepts,
+                labels_per_item=labels_per_item, noise=noise, collision=collision, seed=seed, prototypes=prototypes,
+                stray=stray)
 
+
+def _synth_record(n_database: int, n_queries: int, o: dict) -> tuple[dict, tuple[str, ...], int]:
+    """A synthetic dataset's "synth" attributes (without the generation rows), relevance and label count."""
     params = dict(
-        kind="synthetic", n_database=n_database, n_queries=n_queries, nbits=nbits, labels=labels,
-        noise=noise, collision=collision, seed=seed,
+        kind="synthetic", n_database=n_database, n_queries=n_queries, nbits=o["nbits"], labels=o["labels"],
+        noise=o["noise"], collision=o["collision"], seed=o["seed"],
     )
-    if labels == "class":
-        params.update(n_classes=n_classes)
+    if o["labels"] == "class":
+        params.update(n_classes=o["n_classes"])
         relevance, n_labels = ("class",), 0
     else:
-        params.update(n_concepts=n_concepts, labels_per_item=labels_per_item, zipf_exponent=ZIPF_EXPONENT)
-        relevance, n_labels = ("multilabel",), n_concepts
-    if prototypes:  # recorded only when used: earlier datasets keep their attributes
-        params.update(prototypes=prototypes, stray=stray)
-    gen = _Generator(
-        nbits=nbits, labels=labels, n_classes=n_classes, n_concepts=n_concepts,
-        labels_per_item=labels_per_item, noise=noise, collision=collision, seed=seed,
-        prototypes=prototypes, stray=stray,
-    )
-    params["generation_rows"] = gen.gen_rows
-    with DatasetWriter(
-        out, nbits=nbits, relevance=relevance, n_labels=n_labels, chunk_rows=chunk_rows,
-        query_chunk_rows=query_chunk_rows, overwrite=overwrite, extra_attrs={"synth": params},
-    ) as writer:
-        gen.write(writer, "database", n_database)
-        gen.write(writer, "queries", n_queries)
-    return writer.url
+        params.update(n_concepts=o["n_concepts"], labels_per_item=o["labels_per_item"], zipf_exponent=ZIPF_EXPONENT)
+        relevance, n_labels = ("multilabel",), o["n_concepts"]
+    if o["prototypes"]:  # recorded only when used: earlier datasets keep their attributes
+        params.update(prototypes=o["prototypes"], stray=o["stray"])
+    return params, relevance, n_labels
 
 
 def _write_pooled(out, n: int, nbits: int, label_shape: tuple, label_dtype, blocks, overwrite: bool) -> str:
@@ -327,8 +349,7 @@ def synth_pooled(out, *, n_items: int, nbits: int = 64, labels: str = "multilabe
     DIR/codes.npy ((N, B) uint8 0/1) and DIR/labels.npy (class ids, or (N, concepts) uint8 multi-hot)."""
     n_items = check_integer(n_items, "--n-items", 2)
     nbits = check_integer(nbits, "--nbits", 1, MAX_NBITS)
-    if labels not in LABEL_KINDS:
-        raise InputError(f"--labels must be one of {', '.join(LABEL_KINDS)}, got {labels!r}")
+    _check_choice(labels, LABEL_KINDS, "--labels")
     n_classes = check_integer(n_classes, "--n-classes", 1, MAX_CLASSES)
     n_concepts = check_integer(n_concepts, "--n-concepts", 1, MAX_CONCEPTS)
     prototypes, stray = _check_prototypes(prototypes, stray, n_classes if labels == "class" else n_concepts, nbits)
@@ -339,8 +360,7 @@ def synth_pooled(out, *, n_items: int, nbits: int = 64, labels: str = "multilabe
                      prototypes=prototypes, stray=stray)
 
     def blocks():
-        for b, start in enumerate(range(0, n_items, gen.gen_rows)):
-            words, lab = gen.block("database", b, min(gen.gen_rows, n_items - start))
+        for words, lab in gen.blocks("database", n_items):
             yield unpack_bits(words, nbits), lab if labels == "class" else unpack_bits(lab, n_concepts)
 
     shape, dtype = ((), np.int64) if labels == "class" else ((n_concepts,), np.uint8)
@@ -403,8 +423,7 @@ def digits_dataset(
     """
     from sklearn.datasets import load_digits
 
-    if method not in DIGITS_METHODS:
-        raise InputError(f"--method must be one of {', '.join(DIGITS_METHODS)}, got {method!r}")
+    _check_choice(method, DIGITS_METHODS, "--method")
     nbits = check_integer(nbits, "--nbits", 1, MAX_NBITS)
     seed = check_integer(seed, "--seed", 0)
     check_apart(out, (splits,))
@@ -419,33 +438,44 @@ def digits_dataset(
         n_queries = check_integer(n_queries, "--n-queries", 1, n - 1)
         perm = rng.permutation(n)
         qi, di = perm[:n_queries], perm[n_queries:]
-        ti = di
-        params.update(n_queries=n_queries, n_database=len(di), trained_on="database")
+        ti, trained_on = di, "database"
     else:
-        from hashdist.data.ingest import split_record, split_roles
-        from hashdist.data.splits import check_drawn_from, read_split, store_attrs
-
-        roles, attrs = read_split(splits, strategy, run), store_attrs(splits)
-        if max(int(v.max(initial=-1)) for v in roles.values()) >= n:
-            raise InputError(f"{splits}: its indices exceed the {n} digits (split it from the digits' labels)")
-        check_drawn_from(splits, attrs, y, f"{splits}: the digits' labels")
-        query_role, db_role = split_roles(strategy, validation)
-        qi, di, ti = roles[query_role], roles[db_role], roles["training"]
-        if not len(qi) or not len(di) or not len(ti):
-            raise InputError(f"{splits}: run {run} has an empty {query_role}, {db_role} or training set")
-        params.update(n_queries=len(qi), n_database=len(di), trained_on="training")
-        extra["split"] = split_record(splits, attrs, strategy, run, validation, roles)  # as ingest --splits records it
+        qi, di, ti, extra["split"] = _digits_split(splits, strategy, run, validation, y)
+        trained_on = "training"
+    params.update(n_queries=len(qi), n_database=len(di), trained_on=trained_on)
     mean, w = _digits_hashing(method, nbits, x[ti], rng)
     params["centring"] = f"{params['trained_on']} mean"
     if method == "itq":
         params["itq_iterations"] = ITQ_ITERATIONS
     with DatasetWriter(out, nbits=nbits, relevance=("class",), overwrite=overwrite,
                        extra_attrs={"synth": params, **extra}) as writer:
-        writer.add_codes("database", pack_bits(((x[di] - mean) @ w > 0).astype(np.uint8)))
-        writer.add_labels("database", y[di].astype(np.int64))
-        writer.add_codes("queries", pack_bits(((x[qi] - mean) @ w > 0).astype(np.uint8)))
-        writer.add_labels("queries", y[qi].astype(np.int64))
+        for part, rows in (("database", di), ("queries", qi)):
+            writer.add_codes(part, pack_bits(_sign_bits(x[rows], mean, w)))
+            writer.add_labels(part, y[rows].astype(np.int64))
     return writer.url
+
+
+def _digits_split(splits, strategy, run, validation: bool, y: np.ndarray):
+    """(query rows, database rows, training rows, the split record) of run ``run`` of a ``hashdist split`` store
+    of the digits (labels ``y``)."""
+    from hashdist.data.ingest import split_record, split_roles
+    from hashdist.data.splits import check_drawn_from, read_split, store_attrs
+
+    roles, attrs = read_split(splits, strategy, run), store_attrs(splits)
+    if max(int(v.max(initial=-1)) for v in roles.values()) >= len(y):
+        raise InputError(f"{splits}: its indices exceed the {len(y)} digits (split it from the digits' labels)")
+    check_drawn_from(splits, attrs, y, f"{splits}: the digits' labels")
+    query_role, db_role = split_roles(strategy, validation)
+    qi, di, ti = roles[query_role], roles[db_role], roles["training"]
+    if not len(qi) or not len(di) or not len(ti):
+        raise InputError(f"{splits}: run {run} has an empty {query_role}, {db_role} or training set")
+    # as ingest --splits records it
+    return qi, di, ti, split_record(splits, attrs, strategy, run, validation, roles)
+
+
+def _sign_bits(x: np.ndarray, mean: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """Code bits (uint8 0/1) of features x: the signs of (x - mean) @ w."""
+    return ((x - mean) @ w > 0).astype(np.uint8)
 
 
 def digits_pooled(out, *, method: str = "itq", nbits: int = 32, seed: int = 0, overwrite: bool = False) -> str:
@@ -453,13 +483,11 @@ def digits_pooled(out, *, method: str = "itq", nbits: int = 32, seed: int = 0, o
     for ``hashdist split``, and DIR/codes.npy hashed by a model learned on all of them."""
     from sklearn.datasets import load_digits
 
-    if method not in DIGITS_METHODS:
-        raise InputError(f"--method must be one of {', '.join(DIGITS_METHODS)}, got {method!r}")
+    _check_choice(method, DIGITS_METHODS, "--method")
     nbits = check_integer(nbits, "--nbits", 1, MAX_NBITS)
     x, y = load_digits(return_X_y=True)
     mean, w = _digits_hashing(method, nbits, x, np.random.default_rng(check_integer(seed, "--seed", 0)))
-    bits = ((x - mean) @ w > 0).astype(np.uint8)
-    return _write_pooled(out, len(y), nbits, (), np.int64, [(bits, y.astype(np.int64))], overwrite)
+    return _write_pooled(out, len(y), nbits, (), np.int64, [(_sign_bits(x, mean, w), y.astype(np.int64))], overwrite)
 
 
 # -- features -------------------------------------------------------------------
@@ -508,8 +536,7 @@ def features_dataset(
     n_queries = check_integer(n_queries, "--n-queries", 1)
     dim = check_integer(dim, "--dim", 1, 65536)
     nbits = check_integer(nbits, "--nbits", 1, MAX_NBITS)
-    if method not in FEATURE_METHODS:
-        raise InputError(f"--features must be one of {', '.join(FEATURE_METHODS)}, got {method!r}")
+    _check_choice(method, FEATURE_METHODS, "--features")
     if method == "itq" and nbits > dim:
         raise InputError(f"--nbits {nbits} exceeds --dim {dim} (itq needs nbits <= dim)")
     n_clusters = check_integer(n_clusters, "--n-clusters", 1, MAX_CLASSES)
@@ -539,5 +566,5 @@ def features_dataset(
             for b, start in enumerate(range(0, n, gen_rows)):
                 x = _mixture_rows(seed, _PART_IDS[part], b, min(gen_rows, n - start), centres)
                 writer.add_features(part, x)
-                writer.add_codes(part, pack_bits(((x - mean.astype(np.float32)) @ w > 0).astype(np.uint8)))
+                writer.add_codes(part, pack_bits(_sign_bits(x, mean.astype(np.float32), w)))
     return writer.url

@@ -15,15 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
+from hashdist.defaults import default_cache_dir
 from hashdist.errors import InputError
-
-
-def default_cache_dir() -> Path:
-    """Per-user cache shared by all runs: $HASHDIST_CACHE, else $XDG_CACHE_HOME/hashdist, else ~/.cache/hashdist."""
-    if os.environ.get("HASHDIST_CACHE"):
-        return Path(os.environ["HASHDIST_CACHE"])
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "hashdist"
 
 
 def _digest(arrays: dict[str, np.ndarray]) -> str:

@@ -52,9 +52,9 @@ from hashdist.data.dataset import (
     task_url,
 )
 from hashdist.defaults import DEFAULT_DB_BLOCK_ROWS, GROUNDTRUTH_QUERY_BLOCK_ROWS
-from hashdist.engine.blocks import Block, block_rows, row_ranges
+from hashdist.engine.blocks import Block, row_ranges
 from hashdist.engine.cache import BlockCache, resolve_cache
-from hashdist.errors import InputError, check_integer, check_number
+from hashdist.errors import InputError, check_integer
 from hashdist.progress import progress_bar
 
 METHODS = ("epsilon_ball", "top_percent")
@@ -108,7 +108,7 @@ class Params:
         return math.ceil(Fraction(repr(self.percent)) * n_database / 100)
 
 
-def _check_features(ds: Dataset) -> None:
+def check_features(ds: Dataset) -> None:
     if not all(ds.has(name) for name in FEATURES):
         raise InputError(f"{ds.url}: dataset has no features (ingest with --db-features and --query-features)")
     db, qs = (ds.array(name) for name in FEATURES)
@@ -118,39 +118,8 @@ def _check_features(ds: Dataset) -> None:
         raise InputError(f"{ds.url}: features and codes have different row counts")
 
 
-def prepare(dataset, *, method: str, neighbors=None, sample=None, seed=None, epsilon=None, percent=None,
-            query_block_rows=None, db_block_rows=None) -> tuple[Dataset, Params]:
-    """Open the dataset and validate the request; raises InputError before any work is done."""
-    ds = open_dataset(dataset)
-    _check_features(ds)
-    if method not in METHODS:
-        raise InputError(f"--method must be one of {', '.join(METHODS)}, got {method!r}")
-    blocks = dict(
-        query_block_rows=block_rows(query_block_rows, ds.chunk_rows("queries"), GROUNDTRUTH_QUERY_BLOCK_ROWS,
-                                    "--query-block-rows", ds.n_queries),
-        db_block_rows=block_rows(db_block_rows, ds.chunk_rows("database"), DEFAULT_DB_BLOCK_ROWS, "--db-block-rows",
-                                 ds.n_database),
-    )
-    n = ds.n_database
-    if method == "top_percent":
-        for value, option in ((neighbors, "--neighbors"), (sample, "--sample"), (seed, "--seed"),
-                              (epsilon, "--epsilon")):
-            if value is not None:
-                raise InputError(f"{option} applies only to --method epsilon_ball")
-        percent = DEFAULT_PERCENT if percent is None else check_number(percent, "--percent")
-        if not 0 < percent <= 100:
-            raise InputError(f"--percent must be in (0, 100], got {percent:g}")
-        return ds, Params(method, percent=percent, **blocks)
-    if percent is not None:
-        raise InputError("--percent applies only to --method top_percent")
-    if epsilon is not None:
-        for value, option in ((neighbors, "--neighbors"), (sample, "--sample"), (seed, "--seed")):
-            if value is not None:
-                raise InputError(f"{option} sets how epsilon is estimated; it cannot be combined with --epsilon")
-        epsilon = check_number(epsilon, "--epsilon")
-        if epsilon < 0:
-            raise InputError(f"--epsilon must be >= 0, got {epsilon:g}")
-        return ds, Params(method, epsilon=epsilon, **blocks)
+def epsilon_estimate(n: int, neighbors, sample, seed) -> dict:
+    """The checked options of estimating epsilon from ``sample`` database rows' ``neighbors``-th nearest row."""
     neighbors = check_integer(DEFAULT_NEIGHBORS if neighbors is None else neighbors, "--neighbors")
     sample = check_integer(DEFAULT_SAMPLE if sample is None else sample, "--sample")
     seed = check_integer(0 if seed is None else seed, "--seed", 0)
@@ -159,7 +128,7 @@ def prepare(dataset, *, method: str, neighbors=None, sample=None, seed=None, eps
             f"--neighbors {neighbors} must be below the {n} database items (a point is not its own neighbour)")
     if sample > n:
         raise InputError(f"--sample {sample} exceeds the {n} database items")
-    return ds, Params(method, neighbors=neighbors, sample=sample, seed=int(seed), **blocks)
+    return dict(neighbors=neighbors, sample=sample, seed=int(seed))
 
 
 # -- sweeps and their blocks --------------------------------------------------------
@@ -267,13 +236,20 @@ def _exclude_self(d: np.ndarray, self_cols: np.ndarray | None) -> None:
         d[rows, self_cols[rows]] = np.inf
 
 
-def _smallest_block(k, x, y, nx, ny, self_cols, step) -> dict[str, np.ndarray]:
-    keep = min(k, len(y))
-    smallest = np.empty((len(x), keep), dtype=x.dtype)
+def _distance_tiles(x, y, nx, ny, self_cols, step):
+    """(t0, t1, approximate squared distances of queries t0:t1 to the rows of y, a query's own row at infinity),
+    ``step`` queries a tile."""
     for t0 in range(0, len(x), step):
         t1 = min(t0 + step, len(x))
         d = _approx_sq_distances(x[t0:t1], y, nx[t0:t1], ny)
         _exclude_self(d, None if self_cols is None else self_cols[t0:t1])
+        yield t0, t1, d
+
+
+def _smallest_block(k, x, y, nx, ny, self_cols, step) -> dict[str, np.ndarray]:
+    keep = min(k, len(y))
+    smallest = np.empty((len(x), keep), dtype=x.dtype)
+    for t0, t1, d in _distance_tiles(x, y, nx, ny, self_cols, step):
         smallest[t0:t1] = np.partition(d, keep - 1, axis=1)[:, :keep] if keep < len(y) else d
     return {"smallest": smallest, "query_norms": nx.astype(np.float64), "db_norm_max": np.float64(ny.max())}
 
@@ -283,10 +259,7 @@ def _band_block(x, y, xc, yc, nx, ny, lo, hi, self_cols, d0, step) -> dict[str, 
     lo = np.nextafter(lo.astype(xc.dtype), xc.dtype.type(-np.inf))
     hi = np.nextafter(hi.astype(xc.dtype), xc.dtype.type(np.inf))
     all_rows, all_cols, all_exact = [], [], []
-    for t0 in range(0, len(x), step):
-        t1 = min(t0 + step, len(x))
-        d = _approx_sq_distances(xc[t0:t1], yc, nx[t0:t1], ny)
-        _exclude_self(d, None if self_cols is None else self_cols[t0:t1])
+    for t0, t1, d in _distance_tiles(xc, yc, nx, ny, self_cols, step):
         rows, cols = np.nonzero(d <= hi[t0:t1, None])  # row-major: by query, then database row
         band = d[rows, cols] >= lo[t0 + rows]
         rows += t0
@@ -469,15 +442,15 @@ def write(dataset, gt: GroundTruth) -> Dataset:
     return replace_relevant(ds.url, gt.indptr, gt.indices, {"relevance": kinds, "groundtruth": record})
 
 
-def run_local(dataset, *, cache=None, threads: int | None = None, progress: bool = False,
-              **options) -> tuple[GroundTruth, dict]:
-    """Compute the ground truth with a thread pool in this process: (ground truth, {blocks, timing}).
+def run_local(ds: Dataset, params: Params, *, cache=None, threads: int | None = None, progress: bool = False
+              ) -> tuple[GroundTruth, dict]:
+    """Compute the ground truth of a checked request (hashdist.options.GroundTruthOptions.resolve) with a thread
+    pool in this process: (ground truth, {blocks, timing}).
 
     ``progress``: a bar of blocks on stderr while they run, when stderr is a terminal. Nothing is written
     (see :func:`write`).
     """
     t0 = time.time()
-    ds, params = prepare(dataset, **options)
     store = resolve_cache(cache)
     blocks = {"computed": 0, "cached": 0}
     with ThreadPoolExecutor(threads or os.cpu_count() or 1) as pool, progress_bar(0, progress) as bar:

@@ -14,7 +14,7 @@ from numba.extending import overload
 
 from hashdist.kernels import cached_njit, listed_in_block
 from hashdist.kernels.distance import DistanceAxis, query_tables
-from hashdist.kernels.histogram import n_grades
+from hashdist.kernels.histogram import as_words, explicit_lists, n_grades
 from hashdist.kernels.popcount import common_bits
 
 _BYTE = np.uint64(255)
@@ -107,8 +107,7 @@ def binned_histogram_block(
     """Histogram of a query block (rows q0.. of the run's queries) against a database block on ``axis``'s bins,
     shape (Qb, axis.n_bins, n_grades). ``scores``: the block's query vectors for the asymmetric distance.
     Relevance as :func:`hashdist.kernels.histogram.histogram_block`."""
-    qc = np.ascontiguousarray(query_codes, dtype=np.uint64)
-    dc = np.ascontiguousarray(db_codes, dtype=np.uint64)
+    qc, dc = as_words(query_codes, db_codes)
     tables, offsets, xor = query_tables(axis, nbits, q0, q0 + qc.shape[0], scores)
     ncols = n_grades(kind, max_grade)
     H = np.zeros((qc.shape[0], axis.n_bins, ncols), dtype=np.int64)
@@ -116,8 +115,7 @@ def binned_histogram_block(
         qr = np.ascontiguousarray(query_rel, dtype=np.int64)
         dr = np.ascontiguousarray(db_rel, dtype=np.int64)
     elif kind == "multilabel":
-        qr = np.ascontiguousarray(query_rel, dtype=np.uint64)
-        dr = np.ascontiguousarray(db_rel, dtype=np.uint64)
+        qr, dr = as_words(query_rel, db_rel)
     elif kind == "explicit":
         qr = dr = None
     else:
@@ -125,7 +123,6 @@ def binned_histogram_block(
     geometry = (axis.shift, axis.first_bin, axis.first_cut, axis.cuts)
     _binned_counts(qc, qr, dc, dr, tables, offsets, xor, *geometry, ncols - 1, H.reshape(H.shape[0], -1))
     if kind == "explicit":
-        indptr, indices, grades = (np.ascontiguousarray(a, dtype=np.int64) for a in query_rel)
-        _apply_explicit_binned(qc, dc, tables, offsets, xor, *geometry, db_start, indptr, indices, grades, max_grade,
-                               H)
+        _apply_explicit_binned(qc, dc, tables, offsets, xor, *geometry, db_start, *explicit_lists(query_rel),
+                               max_grade, H)
     return H

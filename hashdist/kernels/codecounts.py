@@ -115,6 +115,30 @@ def _lookup(slots, codes, key):
     return -1
 
 
+@njit(nogil=True, inline="always")
+def _flip_bits(key, queries, q, pos, k):
+    """key = query q's code with the bits pos[0], ..., pos[k - 1] flipped."""
+    for w in range(key.shape[0]):  # not key[:] = queries[q]: its shape check compiles slowly
+        key[w] = queries[q, w]
+    for i in range(k):
+        key[pos[i] >> 6] ^= np.uint64(1) << np.uint64(pos[i] & 63)
+
+
+@njit(nogil=True, inline="always")
+def _next_subset(pos, k, nbits):
+    """Advance pos[0] < ... < pos[k - 1] to the next k-subset of range(nbits) (lexicographic order); False after
+    the last one."""
+    i = k - 1
+    while i >= 0 and pos[i] == nbits - k + i:
+        i -= 1
+    if i < 0:
+        return False
+    pos[i] += 1
+    for m in range(i + 1, k):
+        pos[m] = pos[m - 1] + 1
+    return True
+
+
 @cached_njit(nogil=True)
 def _max_count_by_ball(queries, codes, counts, slots, nbits, radius, shells, cmax, out, key, pos):
     """out[q, k] = M_k. Shell k (the codes at distance exactly k) is enumerated, flipping every
@@ -132,22 +156,12 @@ def _max_count_by_ball(queries, codes, counts, slots, nbits, radius, shells, cma
                 for i in range(k):
                     pos[i] = i
                 while best < ceiling:
-                    for w in range(key.shape[0]):  # not key[:] = queries[q]: its shape check compiles slowly
-                        key[w] = queries[q, w]
-                    for i in range(k):
-                        key[pos[i] >> 6] ^= np.uint64(1) << np.uint64(pos[i] & 63)
+                    _flip_bits(key, queries, q, pos, k)
                     found = _lookup(slots, codes, key)
                     if found >= 0 and counts[found] > best:
                         best = counts[found]
-                    # next subset
-                    i = k - 1
-                    while i >= 0 and pos[i] == nbits - k + i:
-                        i -= 1
-                    if i < 0:
+                    if not _next_subset(pos, k, nbits):
                         break
-                    pos[i] += 1
-                    for m in range(i + 1, k):
-                        pos[m] = pos[m - 1] + 1
             out[q, k] = best
 
 

@@ -51,6 +51,16 @@ def _key_hash(keys, k):
     return h
 
 
+@njit(nogil=True, inline="always")
+def _keep_row(keys, u, codes, labels, i):
+    """keys[u] = row i's code words then its label words."""
+    W = codes.shape[1]
+    for w in range(W):
+        keys[u, w] = codes[i, w]
+    for w in range(labels.shape[1]):
+        keys[u, W + w] = labels[i, w]
+
+
 @cached_njit(nogil=True, boundscheck=False)
 def _distinct_ids(codes, labels, max_distinct, first, counts, inverse):
     """Give each row the id of its (code, label) row, ids in order of first occurrence.
@@ -74,10 +84,7 @@ def _distinct_ids(codes, labels, max_distinct, first, counts, inverse):
             id1 = table[slot]
             if id1 == 0:
                 table[slot] = u + 1
-                for w in range(W):
-                    keys[u, w] = codes[i, w]
-                for w in range(L):
-                    keys[u, W + w] = labels[i, w]
+                _keep_row(keys, u, codes, labels, i)
                 first[u] = i
                 counts[u] = 1
                 inverse[i] = u

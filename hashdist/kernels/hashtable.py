@@ -11,28 +11,12 @@ sum over database blocks; micro precision, recall and F-beta follow from the tot
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
 from numba import njit, types
 from numba.extending import overload
 
-from hashdist.errors import InputError
 from hashdist.kernels import cached_njit, listed_in_block
 from hashdist.kernels.popcount import common_bits
-
-_SPEC = re.compile(r"^\s*(\d+)\s*[xX]\s*(\d+)\s*$")
-
-
-def parse_hashtable_spec(spec: str, nbits: int | None = None) -> tuple[int, int]:
-    """``"KxL"`` (bits per substring x number of tables) to (K, L); with ``nbits``, also check K*L <= B."""
-    match = _SPEC.match(str(spec))
-    if not match or int(match[1]) < 1 or int(match[2]) < 1:
-        raise InputError(f"hashtable {spec!r}: expected KxL with positive integers, e.g. 8x4 (K bits, L tables)")
-    k_bits, n_tables = int(match[1]), int(match[2])
-    if nbits is not None and k_bits * n_tables > nbits:
-        raise InputError(f"hashtable {spec}: K*L = {k_bits * n_tables} exceeds the {nbits}-bit codes")
-    return k_bits, n_tables
 
 
 @njit(nogil=True, inline="always")

@@ -79,38 +79,44 @@ def _loaded_distance_terms(words: int) -> tuple[str, str]:
     return load, " + ".join(f"popcount64(a{{t}}_{w} ^ x{w})" for w in range(words))
 
 
-def _kernel_source(kind: str, words: int, label_words: int, joint: bool, top: int | None) -> str:
-    """Source of one kernel; ``grades`` grades are counted into H's ``ncols`` grade columns (run-time arguments).
+def _per_query(fmt: str, tile: int, indent: int) -> str:
+    """Source lines, one per query t of a tile: ``fmt`` formatted with t, indented."""
+    return "\n".join(" " * indent + fmt.format(t=t) for t in range(tile))
 
-    The kernel adds, for each row (q0, q1, d0, d1) of ``segments``, the histograms of
-    queries q0:q1 against database items d0:d1, TILE queries at a time; a last partial
-    tile repeats its last query and drops the copies' counts. Its work arrays come from
-    :func:`_count` (no allocation to compile): the counts J, zero on entry and on exit,
-    per-query sums m and the cell buffer.
 
-    ``words`` (``label_words`` for multilabel rows) in 1..MAX_UNROLLED_WORDS unrolls the
-    words over word-major database arrays ``dc[w, j]``; 0 loops over each item's row.
-    ``joint`` pairs queries (2s, 2s + 1) in slot s of ncell * ncell counts, else each
-    query has a slot of ncell counts. ``top`` caps the labels in common of "multilabel" kernels
-    (grades - 1): a constant of the source, as a run-time cap costs 4% of their throughput; None when no
-    query has more labels than that (:func:`_cap`).
-    """
-    code, item, dist = _distance_terms(words, "j0 : j0 + C")
-    if kind == "multilabel" and label_words:
-        label = "; ".join(f"l{{t}}_{w} = qr[k{{t}}, {w}]" for w in range(label_words))
+def _query_labels(label_words: int) -> str:
+    """Source of query t's labels (format with t): its label words l{t}_0, l{t}_1, ..., or its row l{t}."""
+    if label_words:
+        return "; ".join(f"l{{t}}_{w} = qr[k{{t}}, {w}]" for w in range(label_words))
+    return "l{t} = qr[k{t}]"
+
+
+def _labels_in_common(label_words: int, item_word: str, item_row: str) -> str:
+    """Source of the labels query t has in common with an item (format with t): over its label words
+    (``item_word`` formatted with w), or over its row ``item_row``."""
+    if label_words:
+        return " + ".join(f"popcount64(l{{t}}_{w} & {item_word.format(w=w)})" for w in range(label_words))
+    return f"common_bits(l{{t}}, {item_row})"
+
+
+def _grade_terms(kind: str, label_words: int, top: int | None) -> tuple[str, str, str]:
+    """Source pieces of a pair's grade in the cell kernel: query t's labels (format with t), the chunk's label
+    rows as r (r0, r1, ... word-major for unrolled multilabel words), and the grade of query t and item j."""
+    if kind != "multilabel":
+        grade = {"none": "0", "class": "(r[j] == l{t})"}[kind]
+        return _query_labels(0), "r = dr[j0 : j0 + C]", grade
+    if label_words:
         item_label = "; ".join(f"r{w} = dr[{w}, j0 : j0 + C]" for w in range(label_words))
-        common = " + ".join(f"popcount64(l{{t}}_{w} & r{w}[j])" for w in range(label_words))
-        grade = common if top is None else f"min({common}, {top})"
     else:
-        label, item_label = "l{t} = qr[k{t}]", "r = dr[j0 : j0 + C]"
-        common = "common_bits(l{t}, r[j])"
-        grade = {"none": "0", "class": "(r[j] == l{t})",
-                 "multilabel": common if top is None else f"min({common}, {top})"}[kind]
-    cell = f"(({grade}) * nbd + {dist})"
+        item_label = "r = dr[j0 : j0 + C]"
+    common = _labels_in_common(label_words, "r{w}[j]", "r[j]")
+    return _query_labels(label_words), item_label, common if top is None else f"min({common}, {top})"
 
-    def per_query(fmt, indent=12):
-        return "\n".join(" " * indent + fmt.format(t=t) for t in range(TILE))
 
+def _slot_terms(joint: bool, cell: str) -> tuple[int, str, str, str, str]:
+    """Source pieces of the cell kernel's counter slots: (slots, their span, the loops that fill each slot's cell
+    buffer from ``cell`` (a pair's cell, format with t), the increments of every slot, the sums of a slot's
+    counts into m that zero them)."""
     if joint:
         slots, span = TILE // 2, "ncell * ncell"
         cells = [f"{cell.format(t=2 * s)} * ncell + {cell.format(t=2 * s + 1)}" for s in range(slots)]
@@ -135,6 +141,28 @@ def _kernel_source(kind: str, words: int, label_words: int, joint: bool, top: in
                 for j in range(C):
                     cs[j] = {s} * span + {cells[s]}""" for s in range(slots))
     count = "\n".join(f"                    J[cells[{s}, j]] += 1" for s in range(slots))
+    return slots, span, fill, count, sums
+
+
+def _kernel_source(kind: str, words: int, label_words: int, joint: bool, top: int | None) -> str:
+    """Source of one kernel; ``grades`` grades are counted into H's ``ncols`` grade columns (run-time arguments).
+
+    The kernel adds, for each row (q0, q1, d0, d1) of ``segments``, the histograms of
+    queries q0:q1 against database items d0:d1, TILE queries at a time; a last partial
+    tile repeats its last query and drops the copies' counts. Its work arrays come from
+    :func:`_count` (no allocation to compile): the counts J, zero on entry and on exit,
+    per-query sums m and the cell buffer.
+
+    ``words`` (``label_words`` for multilabel rows) in 1..MAX_UNROLLED_WORDS unrolls the
+    words over word-major database arrays ``dc[w, j]``; 0 loops over each item's row.
+    ``joint`` pairs queries (2s, 2s + 1) in slot s of ncell * ncell counts, else each
+    query has a slot of ncell counts. ``top`` caps the labels in common of "multilabel" kernels
+    (grades - 1): a constant of the source, as a run-time cap costs 4% of their throughput; None when no
+    query has more labels than that (:func:`_cap`).
+    """
+    code, item, dist = _distance_terms(words, "j0 : j0 + C")
+    label, item_label, grade = _grade_terms(kind, label_words, top)
+    slots, span, fill, count, sums = _slot_terms(joint, f"(({grade}) * nbd + {dist})")
     return f"""
 def kernel(qc, qr, dc, dr, H, segments, grades, ncols, J, m, cells):
     nbd = H.shape[1] // ncols
@@ -143,9 +171,9 @@ def kernel(qc, qr, dc, dr, H, segments, grades, ncols, J, m, cells):
     for i in range(segments.shape[0]):
         q0, q1, d0, d1 = segments[i, 0], segments[i, 1], segments[i, 2], segments[i, 3]
         for q in range(q0, q1, {TILE}):
-{per_query("k{t} = min(q + {t}, q1 - 1)")}
-{per_query(code)}
-{per_query(label)}
+{_per_query("k{t} = min(q + {t}, q1 - 1)", TILE, 12)}
+{_per_query(code, TILE, 12)}
+{_per_query(label, TILE, 12)}
             for j0 in range(d0, d1, {CHUNK}):
                 C = min({CHUNK}, d1 - j0)
                 {item}
@@ -174,10 +202,6 @@ def _fused_source(words: int) -> str:
     code, item, _ = _distance_terms(words, "d0:d1")
     load, dist = _loaded_distance_terms(words)
     stride, tile = _fused_row_length(words), _fused_tile(words)
-
-    def per_query(fmt, indent):
-        return "\n".join(" " * indent + fmt.format(t=t) for t in range(tile))
-
     return f"""
 def kernel(qc, dc, H, segments, ncols, J):
     nbd = H.shape[1] // ncols
@@ -185,11 +209,11 @@ def kernel(qc, dc, H, segments, ncols, J):
         q0, q1, d0, d1 = segments[i, 0], segments[i, 1], segments[i, 2], segments[i, 3]
         {item}
         for q in range(q0, q1, {tile}):
-{per_query("k{t} = min(q + {t}, q1 - 1)", 12)}
-{per_query(code, 12)}
+{_per_query("k{t} = min(q + {t}, q1 - 1)", tile, 12)}
+{_per_query(code, tile, 12)}
             for j in range(d1 - d0):
                 {load}
-{per_query("J[np.uint64({t} * " + str(stride) + ") + np.uint64(" + dist + ")] += 1", 16)}
+{_per_query("J[np.uint64({t} * " + str(stride) + ") + np.uint64(" + dist + ")] += 1", tile, 16)}
             for t in range({tile}):
                 for d in range(nbd):
                     if t < q1 - q:
@@ -227,16 +251,8 @@ def _grouped_source(words: int, label_words: int, capped: bool) -> str:
     code, item, _ = _distance_terms(words, ":")
     load, dist = _loaded_distance_terms(words)
     tile = GROUPED_TILE
-    if label_words:
-        label = "; ".join(f"l{{t}}_{w} = qr[k{{t}}, {w}]" for w in range(label_words))
-        common = " + ".join(f"popcount64(l{{t}}_{w} & r[{w}])" for w in range(label_words))
-    else:
-        label, common = "l{t} = qr[k{t}]", "common_bits(l{t}, r)"
+    common = _labels_in_common(label_words, "r[{w}]", "r")
     grade = f"min({common}, grades - 1)" if capped else f"({common})"
-
-    def per_query(fmt, indent):
-        return "\n".join(" " * indent + fmt.format(t=t) for t in range(tile))
-
     return f"""
 def kernel(qc, qr, dc, run_labels, run_starts, H, grades, ncols, J):
     nbd = H.shape[1] // ncols
@@ -244,15 +260,15 @@ def kernel(qc, qr, dc, run_labels, run_starts, H, grades, ncols, J):
     Q = qc.shape[0]
     {item}
     for q in range(0, Q, {tile}):
-{per_query("k{t} = min(q + {t}, Q - 1)", 8)}
-{per_query(code, 8)}
-{per_query(label, 8)}
+{_per_query("k{t} = min(q + {t}, Q - 1)", tile, 8)}
+{_per_query(code, tile, 8)}
+{_per_query(_query_labels(label_words), tile, 8)}
         for i in range(run_labels.shape[0]):
             r = run_labels[i]
-{per_query("o{t} = np.uint64({t} * ncell + " + grade + " * nbd)", 12)}
+{_per_query("o{t} = np.uint64({t} * ncell + " + grade + " * nbd)", tile, 12)}
             for j in range(np.uint64(run_starts[i]), np.uint64(run_starts[i + 1])):
                 {load}
-{per_query("J[o{t} + np.uint64(" + dist + ")] += 1", 16)}
+{_per_query("J[o{t} + np.uint64(" + dist + ")] += 1", tile, 16)}
         for t in range({tile}):
             for g in range(grades):
                 for d in range(nbd):
@@ -274,7 +290,7 @@ from hashdist.kernels.popcount import common_bits, hamming, popcount64
 
 def _kernel_module_dir() -> Path:
     """Where generated kernels are written as modules, so numba can cache their machine code."""
-    from hashdist.engine.cache import default_cache_dir
+    from hashdist.defaults import default_cache_dir
 
     return default_cache_dir() / "kernels"
 
@@ -370,6 +386,17 @@ def _as_int32_labels(query_labels, db_labels):
     _, ids = np.unique(np.concatenate([ql, dl]), return_inverse=True)
     ids = ids.astype(np.int32)
     return ids[: len(ql)], ids[len(ql) :]
+
+
+def as_words(*arrays) -> tuple[np.ndarray, ...]:
+    """Code or label word rows as the C-contiguous uint64 arrays the kernels index."""
+    return tuple(np.ascontiguousarray(a, dtype=np.uint64) for a in arrays)
+
+
+def explicit_lists(query_rel) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A query block's explicit ground truth, CSR (indptr, indices, grades), as int64 arrays."""
+    indptr, indices, grades = (np.ascontiguousarray(a, dtype=np.int64) for a in query_rel)
+    return indptr, indices, grades
 
 
 def n_grades(kind: str, max_grade: int) -> int:
@@ -515,8 +542,7 @@ def histogram_block(
     kind="explicit": query_rel = (indptr, indices, grades) CSR over the query block with
     absolute database indices; db_start is the block's first database row.
     """
-    qc = np.ascontiguousarray(query_codes, dtype=np.uint64)
-    dc = np.ascontiguousarray(db_codes, dtype=np.uint64)
+    qc, dc = as_words(query_codes, db_codes)
     ncols = n_grades(kind, max_grade)
     words = qc.shape[1] if qc.shape[1] <= MAX_UNROLLED_WORDS else 0
     items = np.ascontiguousarray(dc.T) if words else dc  # word-major
@@ -527,8 +553,7 @@ def histogram_block(
         if H is not None:
             return H
     elif kind == "multilabel":
-        qr = np.ascontiguousarray(query_rel, dtype=np.uint64)
-        dr = np.ascontiguousarray(db_rel, dtype=np.uint64)
+        qr, dr = as_words(query_rel, db_rel)
         label_words = qr.shape[1] if qr.shape[1] <= MAX_UNROLLED_WORDS else 0
         top = _cap(qr, max_grade)
         if 1 <= words <= MAX_GROUPED_WORDS and dr.shape[1] and _grouped_multilabel() \
@@ -548,6 +573,5 @@ def histogram_block(
     _count(qc, qr, items, dr, H.reshape(qc.shape[0], (nbits + 1) * ncols), (0, qc.shape[0], 0, dc.shape[0]),
            base_kind, words, label_words, grades, ncols, nbits, top)
     if kind == "explicit":
-        indptr, indices, grades = (np.ascontiguousarray(a, dtype=np.int64) for a in query_rel)
-        _apply_explicit(qc, dc, db_start, indptr, indices, grades, max_grade, H)
+        _apply_explicit(qc, dc, db_start, *explicit_lists(query_rel), max_grade, H)
     return H

@@ -12,6 +12,7 @@ import math
 import numpy as np
 
 from hashdist.data.bits import ball_volumes
+from hashdist.defaults import DEFAULT_BETA
 from hashdist.metrics.ranking import group_counts
 
 
@@ -56,7 +57,7 @@ def micro_scores(tp: int, fp: int, fn: int, beta: float) -> dict:
     }
 
 
-def hashtable_metrics(tp_total: int, retrieved_total: int, relevant_total: int, beta: float = 1.0) -> dict:
+def hashtable_metrics(tp_total: int, retrieved_total: int, relevant_total: int, beta: float) -> dict:
     """The hashtable-bucket paradigm: micro scores of the retrieved sets (items colliding in some table),
     from TP, retrieved and relevant counts summed over queries."""
     return micro_scores(int(tp_total), int(retrieved_total - tp_total), int(relevant_total - tp_total), beta)
@@ -69,8 +70,9 @@ def micro_counts(H) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return TP, size.sum(axis=0) - TP, R.sum() - TP
 
 
-def micro_at_radius(H, r, beta: float = 1.0) -> dict:
-    """Micro precision, recall and F-beta of S_r, with the summed TP, FP, FN."""
+def micro_at_radius(H, r, beta: float = DEFAULT_BETA) -> dict:
+    """Micro precision, recall and F-beta of S_r, with the summed TP, FP, FN: the report's ``micro_at_radius`` when
+    every query is evaluated (the same :func:`micro_scores` of the same sums)."""
     if not beta > 0:
         raise ValueError(f"beta must be > 0, got {beta!r}")
     TP, FP, FN = micro_counts(H)

@@ -13,15 +13,25 @@ from __future__ import annotations
 import html
 import json
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
-from hashdist.compare.stats import t_interval
-from hashdist.data.atomic import check_apart, staged_directory
-from hashdist.errors import InputError
+from hashdist.data.atomic import staged_directory
 from hashdist.kernels.codeusage import rank_size_steps
 from hashdist.metrics.registry import BY_KEY, FIELD_LABELS, MEASURES, headline_rows, lookup
-from hashdist.report.render import fmt, html_figure, html_table, log_count_axes, page, png, text_table
+from hashdist.metrics.stats import t_interval
+from hashdist.report.render import (
+    Figure,
+    check_replaceable_dir,
+    draw_figures,
+    fmt,
+    html_figure,
+    html_table,
+    log_count_axes,
+    page,
+    text_table,
+)
 
 COMPARISON_MARKER = "hashdist-comparison"
 
@@ -29,18 +39,8 @@ COMPARISON_MARKER = "hashdist-comparison"
 def check_comparison_dir(out, overwrite: bool, inputs=()) -> Path:
     """Refuse an existing directory that is not a previous comparison, unless overwrite, and one that overlaps
     an input path (a method's dataset)."""
-    check_apart(out, inputs)
-    out = Path(out)
-    if out.exists() and not overwrite:
-        try:
-            ok = out.is_dir() and json.loads((out / "comparison.json").read_text()).get("format") == COMPARISON_MARKER
-        except Exception:
-            ok = False
-        if not ok:
-            raise InputError(
-                f"{out}: exists and is not a hashdist comparison directory (pass --overwrite to replace it)"
-            )
-    return out
+    return check_replaceable_dir(out, overwrite, inputs, what="comparison", marker_file="comparison.json",
+                                 marker=COMPARISON_MARKER)
 
 
 def write_comparison(out, comparison: dict, occupancy: dict, *, overwrite: bool = False,
@@ -165,53 +165,72 @@ def format_leaderboard(comparison: dict) -> str:
     return "\n".join(lines)
 
 
-def plots(comparison: dict, occupancy: dict) -> dict[str, str]:
-    """Base64 PNGs: overlaid PR curves, mAP and mLGAP against bit length, code occupancy, bit balance.
-    ``occupancy``: {name: [bucket sizes of each run]}. Repeated runs: one line per run in the method's
-    colour; against bit length the mean over runs with sd error bars."""
-    import matplotlib
+def _colours(comparison: dict) -> dict[str, str]:
+    """Each method's colour, the same in every figure."""
+    return {name: f"C{i % 10}" for i, name in enumerate(comparison["methods"])}
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    methods = comparison["methods"]
-    r = comparison["parameters"]["lgap_radius"]
-    repeated = n_runs(comparison) > 1
-    figs = {}
-
-    colours = {name: f"C{i % 10}" for i, name in enumerate(methods)}
-
+def _run_lines(plt, comparison: dict, xy, **style):
+    """(figure, axes) with a line (x, y) = xy(run) per run of every method, in the method's colour, its first run
+    labelled with its name."""
+    colours = _colours(comparison)
     fig, ax = plt.subplots(figsize=(5, 4))
-    for name, m in methods.items():
+    for name, m in comparison["methods"].items():
         for t, run in enumerate(runs_of(m)):
-            curve = run["metrics"]["pr_curve"]
-            ax.plot([p["recall"] for p in curve], [p["precision"] for p in curve], marker="o", ms=2,
-                    color=colours[name], label=None if t else name)
+            ax.plot(*xy(run), **style, color=colours[name], label=None if t else name)
+    return fig, ax
+
+
+def _pr_points(run: dict) -> tuple[list, list]:
+    curve = run["metrics"]["pr_curve"]
+    return [p["recall"] for p in curve], [p["precision"] for p in curve]
+
+
+def _balance_points(run: dict) -> tuple[np.ndarray, list]:
+    balance = run["code_usage"]["bit_balance"]
+    return np.arange(len(balance)), balance
+
+
+def _pr_curves(plt, comparison, occupancy):
+    fig, ax = _run_lines(plt, comparison, _pr_points, marker="o", ms=2)
     ax.set(xlabel="recall (micro)", ylabel="precision (micro)", title="PR curves (Hamming radius 0..B)",
            xlim=(0, 1.02), ylim=(0, 1.02))
     ax.legend(fontsize=7)
-    figs["pr_curves"] = fig
+    return fig
 
+
+def _length_groups(methods: dict) -> dict[str, list[dict]]:
+    """The methods of each group (NAME of NAME@TAG) by bit length, for the groups with more than one length."""
     groups: dict[str, list] = {}
     for m in methods.values():
         groups.setdefault(m["group"], []).append(m)
-    lengths = {g: sorted(ms, key=lambda m: m["nbits"]) for g, ms in groups.items()
-               if len({m["nbits"] for m in ms}) > 1}
-    if lengths:
-        fig, axes = plt.subplots(1, 2, figsize=(9, 3.8))
-        for g, ms in lengths.items():
-            bits = [m["nbits"] for m in ms]
-            for ax, value in ((axes[0], lambda metrics: metrics["map"]["expected"]),
-                              (axes[1], lambda metrics: metrics["mlgap_at_radius"][str(r)])):
-                summaries = [t_interval([value(run["metrics"]) for run in runs_of(m)]) for m in ms]
-                ax.errorbar(bits, [s[0] for s in summaries], yerr=[s[1] for s in summaries] if repeated else None,
-                            marker="o", capsize=3, label=g)
-        axes[0].set(xlabel="bits", ylabel="mAP (expected)", title="mAP against bit length")
-        axes[1].set(xlabel="bits", ylabel=f"mLGAP@{r}", title=f"mLGAP@{r} against bit length")
-        for ax in axes:
-            ax.legend(fontsize=7)
-        figs["bit_length"] = fig
+    return {g: sorted(ms, key=lambda m: m["nbits"]) for g, ms in groups.items() if len({m["nbits"] for m in ms}) > 1}
 
+
+def _bit_length(plt, comparison, occupancy):
+    """mAP and mLGAP against bit length; None when no group has several lengths."""
+    lengths = _length_groups(comparison["methods"])
+    if not lengths:
+        return None
+    r = comparison["parameters"]["lgap_radius"]
+    repeated = n_runs(comparison) > 1
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.8))
+    for g, ms in lengths.items():
+        bits = [m["nbits"] for m in ms]
+        for ax, value in ((axes[0], lambda metrics: metrics["map"]["expected"]),
+                          (axes[1], lambda metrics: metrics["mlgap_at_radius"][str(r)])):
+            summaries = [t_interval([value(run["metrics"]) for run in runs_of(m)]) for m in ms]
+            ax.errorbar(bits, [s[0] for s in summaries], yerr=[s[1] for s in summaries] if repeated else None,
+                        marker="o", capsize=3, label=g)
+    axes[0].set(xlabel="bits", ylabel="mAP (expected)", title="mAP against bit length")
+    axes[1].set(xlabel="bits", ylabel=f"mLGAP@{r}", title=f"mLGAP@{r} against bit length")
+    for ax in axes:
+        ax.legend(fontsize=7)
+    return fig
+
+
+def _code_occupancy(plt, comparison, occupancy):
+    colours = _colours(comparison)
     fig, ax = plt.subplots(figsize=(5, 4))
     x_max = y_max = 1
     for name, runs in occupancy.items():
@@ -222,95 +241,121 @@ def plots(comparison: dict, occupancy: dict) -> dict[str, str]:
     log_count_axes(ax, x_max, y_max)
     ax.set(xlabel="distinct codes, most used first", ylabel="database items with the code", title="code occupancy")
     ax.legend(fontsize=7)
-    figs["code_occupancy"] = fig
+    return fig
 
-    fig, ax = plt.subplots(figsize=(5, 4))
-    for name, m in methods.items():
-        for t, run in enumerate(runs_of(m)):
-            balance = run["code_usage"]["bit_balance"]
-            ax.plot(np.arange(len(balance)), balance, marker=".", lw=0.8, color=colours[name],
-                    label=None if t else name)
+
+def _bit_balance(plt, comparison, occupancy):
+    fig, ax = _run_lines(plt, comparison, _balance_points, marker=".", lw=0.8)
     ax.axhline(0.5, color="grey", lw=0.8, ls="--")
     ax.set(xlabel="bit", ylabel="fraction of database items with the bit set", title="bit balance", ylim=(0, 1))
     ax.legend(fontsize=7)
-    figs["bit_balance"] = fig
-
-    out = {name: png(fig) for name, fig in figs.items()}
-    for fig in figs.values():
-        plt.close(fig)
-    return out
+    return fig
 
 
-CAPTIONS = {
-    "pr_curves": "Micro precision-recall curves over Hamming radii 0..B, one per method (TP, FP, FN summed over "
-                 "the evaluated queries at each radius; independent of tie order).",
-    "bit_length": "mAP (expected over tie orders) and mLGAP at the largest radius against code length, for methods "
-                  "named NAME@TAG that share a NAME.",
-    "code_occupancy": "Database items per distinct code, most used code first (log-log): a steep head means codes "
-                      "collapsed onto few values (the mLGAP paper's Fig. 1).",
-    "bit_balance": "Fraction of database items with each bit set; 0.5 (dashed) is a balanced bit.",
+# the comparison's figures, in page order, each drawn by (pyplot, comparison, occupancy). Repeated runs: one line
+# per run in the method's colour; against bit length the mean over runs with sd error bars.
+FIGURES = {
+    "pr_curves": Figure(_pr_curves, "Micro precision-recall curves over Hamming radii 0..B, one per method (TP, FP, "
+                        "FN summed over the evaluated queries at each radius; independent of tie order)."),
+    "bit_length": Figure(_bit_length, "mAP (expected over tie orders) and mLGAP at the largest radius against code "
+                         "length, for methods named NAME@TAG that share a NAME."),
+    "code_occupancy": Figure(_code_occupancy, "Database items per distinct code, most used code first (log-log): a "
+                             "steep head means codes collapsed onto few values (the mLGAP paper's Fig. 1)."),
+    "bit_balance": Figure(_bit_balance, "Fraction of database items with each bit set; 0.5 (dashed) is a balanced "
+                          "bit."),
 }
 
 
-def render_html(comparison: dict, images: dict[str, str]) -> str:
+def plots(comparison: dict, occupancy: dict) -> dict[str, str]:
+    """Base64 PNGs of :data:`FIGURES`: overlaid PR curves, mAP and mLGAP against bit length (when a group has
+    several), code occupancy, bit balance. ``occupancy``: {name: [bucket sizes of each run]}."""
+    return draw_figures(FIGURES, comparison, occupancy)
+
+
+class _RunTexts(NamedTuple):
+    """The parts of the comparison page that differ between single and repeated runs."""
+
+    head: str  # the datasets, the queries evaluated and the conventions
+    board_caption: str
+    runs: str  # the section of every run's values ("" for single runs)
+    pair_text: str  # what the paired tests compare
+    plot_note: str
+
+
+def _conventions(p: dict) -> str:
+    return ("mAP and the @K columns are expectations over tie orders; mAP@K uses the 'retrieved' normaliser; "
+            f"radius measures at radius {p['lgap_radius']}. Definitions: docs/metrics.md of hashdist.")
+
+
+def _single_run_texts(comparison: dict) -> _RunTexts:
+    methods, q, p = comparison["methods"], comparison["queries"], comparison["parameters"]
+    datasets = "".join(f"<li><code>{html.escape(n)}</code>: <code>{html.escape(str(m['dataset']))}</code></li>"
+                       for n, m in methods.items())
+    head = (f"<ul>{datasets}</ul><p>{q['evaluated']} of {q['total']} queries evaluated (those with relevant "
+            f"items). {_conventions(p)}</p>")
+    pair_text = (f"Per-query AP (expected) and LGAP@{p['lgap_radius']}; paired t-test and sign-flip randomisation "
+                 f"test ({p['permutations']} permutations, seed {p['seed']})")
+    return _RunTexts(head, "Methods by expected mAP (95% CI: bootstrap over queries)", "", pair_text, "")
+
+
+def _repeated_run_texts(comparison: dict) -> _RunTexts:
     methods, q, p = comparison["methods"], comparison["queries"], comparison["parameters"]
     T = n_runs(comparison)
+    datasets = "".join(
+        f"<li><code>{html.escape(n)}</code>: "
+        + ", ".join(f"run {t} <code>{html.escape(str(run['dataset']))}</code>"
+                    for t, run in enumerate(m["runs"]))
+        + "</li>" for n, m in methods.items())
+    evaluated = ", ".join(f"run {t}: {e} of {n}" for t, (e, n) in enumerate(zip(q["evaluated"], q["total"],
+                                                                                strict=True)))
+    head = (f"<ul>{datasets}</ul><p>{T} runs; run t of every method has the same queries and ground truth. "
+            f"Queries evaluated (those with relevant items): {evaluated}. {_conventions(p)} Over the runs: the mean, "
+            f"the sample standard deviation (divisor T - 1) and the 95% interval mean \u00b1 "
+            f"t<sub>0.975, T-1</sub> sd / \u221aT.</p>")
+    board_caption = (f"Methods by mean expected mAP over {T} runs (mean \u00b1 sample sd; [worst, best]: means "
+                     "over runs; 95% CI: t over runs)")
+    runs = "<h2>Runs</h2>" + "".join(
+        html_table(f"{name}: each run, the mean, sample sd and 95% t interval over {T} runs", *run_rows(m),
+                   f"runs-{name}") for name, m in methods.items())
+    patterns = (f"all 2^{T} = {2**T} sign patterns" if p["exact_randomization"]
+                else f"{p['permutations']} random sign patterns, seed {p['seed']}")
+    pair_text = (f"Each run's mAP (expected) and mLGAP@{p['lgap_radius']}, run t of one method paired with run t "
+                 f"of the other; paired t-test over the {T} runs and sign-flip randomisation test ({patterns})")
+    plot_note = ("<p>One line per run, in its method's colour; against bit length the mean over runs with bars "
+                 "of one sample sd.</p>")
+    return _RunTexts(head, board_caption, runs, pair_text, plot_note)
+
+
+def _ties_note(comparison: dict) -> str:
     tied = comparison["map_order_depends_on_ties"]
-    interval = "[worst, best]" if T == 1 else "[mean worst, mean best] over runs"
-    note = (f"<p>* mAP intervals overlap, so their order depends on tie-breaking: {html.escape(', '.join(tied))}</p>"
+    interval = "[worst, best]" if n_runs(comparison) == 1 else "[mean worst, mean best] over runs"
+    return (f"<p>* mAP intervals overlap, so their order depends on tie-breaking: {html.escape(', '.join(tied))}</p>"
             if tied else f"<p>No two methods' mAP intervals {interval} overlap.</p>")
-    usage_header = ["method", "bits", "distinct codes", "largest bucket", "items sharing a code", "entropy (bits)",
-                    "entropy / B"]
-    usage_rows = [[name if T == 1 else f"{name} run {t}", str(m["nbits"]), str(u["distinct_codes"]),
-                   str(u["max_bucket"]), fmt(u["collision_fraction"]), fmt(u["entropy_bits"], 2),
-                   fmt(u["entropy_ratio"])]
-                  for name, m in methods.items() for t, u in enumerate(r["code_usage"] for r in runs_of(m))]
-    figures = "".join(html_figure(name, data, CAPTIONS[name]) for name, data in images.items())
-    conventions = ("mAP and the @K columns are expectations over tie orders; mAP@K uses the 'retrieved' normaliser; "
-                   f"radius measures at radius {p['lgap_radius']}. Definitions: docs/metrics.md of hashdist.")
-    if T == 1:
-        datasets = "".join(f"<li><code>{html.escape(n)}</code>: <code>{html.escape(str(m['dataset']))}</code></li>"
-                           for n, m in methods.items())
-        head = (f"<ul>{datasets}</ul><p>{q['evaluated']} of {q['total']} queries evaluated (those with relevant "
-                f"items). {conventions}</p>")
-        board_caption = "Methods by expected mAP (95% CI: bootstrap over queries)"
-        runs = ""
-        pair_text = (f"Per-query AP (expected) and LGAP@{p['lgap_radius']}; paired t-test and sign-flip randomisation "
-                     f"test ({p['permutations']} permutations, seed {p['seed']})")
-        plot_note = ""
-    else:
-        datasets = "".join(
-            f"<li><code>{html.escape(n)}</code>: "
-            + ", ".join(f"run {t} <code>{html.escape(str(run['dataset']))}</code>"
-                        for t, run in enumerate(m["runs"]))
-            + "</li>" for n, m in methods.items())
-        evaluated = ", ".join(f"run {t}: {e} of {n}" for t, (e, n) in enumerate(zip(q["evaluated"], q["total"],
-                                                                                    strict=True)))
-        head = (f"<ul>{datasets}</ul><p>{T} runs; run t of every method has the same queries and ground truth. "
-                f"Queries evaluated (those with relevant items): {evaluated}. {conventions} Over the runs: the mean, "
-                f"the sample standard deviation (divisor T - 1) and the 95% interval mean \u00b1 "
-                f"t<sub>0.975, T-1</sub> sd / \u221aT.</p>")
-        board_caption = (f"Methods by mean expected mAP over {T} runs (mean \u00b1 sample sd; [worst, best]: means "
-                         "over runs; 95% CI: t over runs)")
-        runs = "<h2>Runs</h2>" + "".join(
-            html_table(f"{name}: each run, the mean, sample sd and 95% t interval over {T} runs", *run_rows(m),
-                       f"runs-{name}") for name, m in methods.items())
-        patterns = (f"all 2^{T} = {2**T} sign patterns" if p["exact_randomization"]
-                    else f"{p['permutations']} random sign patterns, seed {p['seed']}")
-        pair_text = (f"Each run's mAP (expected) and mLGAP@{p['lgap_radius']}, run t of one method paired with run t "
-                     f"of the other; paired t-test over the {T} runs and sign-flip randomisation test ({patterns})")
-        plot_note = ("<p>One line per run, in its method's colour; against bit length the mean over runs with bars "
-                     "of one sample sd.</p>")
+
+
+def _usage_table(comparison: dict) -> str:
+    """Each method's (each run's) code usage."""
+    T = n_runs(comparison)
+    header = ["method", "bits", "distinct codes", "largest bucket", "items sharing a code", "entropy (bits)",
+              "entropy / B"]
+    rows = [[name if T == 1 else f"{name} run {t}", str(m["nbits"]), str(u["distinct_codes"]), str(u["max_bucket"]),
+             fmt(u["collision_fraction"]), fmt(u["entropy_bits"], 2), fmt(u["entropy_ratio"])]
+            for name, m in comparison["methods"].items() for t, u in enumerate(r["code_usage"] for r in runs_of(m))]
+    return html_table("How each method's database codes fill the code space", header, rows, "code-usage")
+
+
+def render_html(comparison: dict, images: dict[str, str]) -> str:
+    texts = (_single_run_texts if n_runs(comparison) == 1 else _repeated_run_texts)(comparison)
+    figures = "".join(html_figure(name, data, FIGURES[name].caption) for name, data in images.items())
     body = (
-        f"<h1>hashdist comparison</h1>{head}<h2>Leaderboard</h2>"
-        + html_table(board_caption, *leaderboard_rows(comparison), "leaderboard")
-        + note
-        + runs
-        + f"<h2>Paired significance</h2><p>{pair_text}; Holm's correction across all pairs of a metric.</p>"
+        f"<h1>hashdist comparison</h1>{texts.head}<h2>Leaderboard</h2>"
+        + html_table(texts.board_caption, *leaderboard_rows(comparison), "leaderboard")
+        + _ties_note(comparison)
+        + texts.runs
+        + f"<h2>Paired significance</h2><p>{texts.pair_text}; Holm's correction across all pairs of a metric.</p>"
         + html_table("Paired tests between methods", *_pair_table(comparison), "pairs")
-        + "<h2>Code usage</h2>" + html_table("How each method's database codes fill the code space", usage_header,
-                                            usage_rows, "code-usage")
-        + f"<h2>Plots</h2>{plot_note}{figures}"
+        + "<h2>Code usage</h2>" + _usage_table(comparison)
+        + f"<h2>Plots</h2>{texts.plot_note}{figures}"
     )
     return page("hashdist comparison", body)
 

@@ -10,19 +10,27 @@ import html
 import json
 import math
 import subprocess
-from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
-from typing import NamedTuple
 
 import numpy as np
 
-from hashdist.data.atomic import check_apart, staged_directory
-from hashdist.errors import InputError
+from hashdist.data.atomic import staged_directory
 from hashdist.kernels.codeusage import rank_size_steps
 from hashdist.metrics.conventions import BY_NAME
 from hashdist.metrics.registry import AP_EXPECTED, FIELD_LABELS, MEASURES, POLICIES, lookup
-from hashdist.report.render import fmt, html_definitions, html_figure, html_table, log_count_axes, page, png, text_table
+from hashdist.report.render import (
+    Figure,
+    check_replaceable_dir,
+    draw_figures,
+    fmt,
+    html_definitions,
+    html_figure,
+    html_table,
+    log_count_axes,
+    page,
+    text_table,
+)
 
 __all__ = ["format_table", "render_html", "tables", "write_outputs"]
 
@@ -266,12 +274,8 @@ def _code_usage(plt, report, per_query, bucket_sizes):
     return fig
 
 
-class Figure(NamedTuple):
-    draw: Callable  # (pyplot, report, per_query, bucket_sizes) -> a matplotlib figure
-    caption: str  # written for Hamming distances; the page says the report's distance (_in_distance)
-
-
-# the report's figures, in page order
+# the report's figures, in page order: each drawn by (pyplot, report, per_query, bucket_sizes), its caption written
+# for Hamming distances (the page says the report's distance: _in_distance)
 FIGURES = {
     "pr_curve": Figure(_pr_curve, "Micro precision-recall curve over Hamming radii 0..B: TP, FP and FN summed over "
                        "the evaluated queries at each radius (labels: radius r). The curve does not depend on how "
@@ -299,17 +303,7 @@ FIGURES = {
 
 def plots(report: dict, per_query: dict, bucket_sizes: np.ndarray) -> dict[str, str]:
     """Every figure of :data:`FIGURES` as a base64 PNG, by name."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    out = {}
-    for name, figure in FIGURES.items():
-        fig = figure.draw(plt, report, per_query, bucket_sizes)
-        out[name] = png(fig)
-        plt.close(fig)
-    return out
+    return draw_figures(FIGURES, report, per_query, bucket_sizes)
 
 
 # what a label's parameter stands for in the definitions: "mAP@{}" is mAP@K, "P@N={}" is P@N
@@ -350,19 +344,8 @@ PER_QUERY_KEYS = ("relevant", *(f"{m.per_query_name or m.key}/" for m in MEASURE
 def check_output_dir(out, overwrite: bool, inputs=()) -> Path:
     """Refuse an existing directory that is not a previous hashdist report, unless overwrite, and one that
     overlaps an input path (the dataset)."""
-    check_apart(out, inputs)
-    out = Path(out)
-    if out.exists() and not overwrite:
-        marker = out / "report.json"
-        ok = False
-        if out.is_dir() and marker.is_file():
-            try:
-                ok = json.loads(marker.read_text()).get("format") == REPORT_MARKER
-            except Exception:
-                ok = False
-        if not ok:
-            raise InputError(f"{out}: exists and is not a hashdist report directory (pass --overwrite to replace it)")
-    return out
+    return check_replaceable_dir(out, overwrite, inputs, what="report", marker_file="report.json",
+                                 marker=REPORT_MARKER)
 
 
 def write_per_query(path: Path, per_query: dict) -> None:

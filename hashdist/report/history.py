@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 from hashdist.data.atomic import temporary_sibling
-from hashdist.report.render import fmt, html_figure, html_table, page, png, text_table
+from hashdist.report.render import fmt, html_figure, html_table, page, png, pyplot, text_table
 
 FLAGS = {"first run": "first run", "not comparable": "not comparable"}
 
@@ -73,11 +73,7 @@ def format_trend(trend: dict) -> str:
 def plot_map(trend: dict) -> str:
     """mAP (expected) over the runs with the tie band [worst, best]; drops in red; a dashed line where the
     query set or settings changed (not comparable). Base64 PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     rows = trend["runs"]
     x = list(range(1, len(rows) + 1))
     expected = [r["metrics"]["map"]["expected"] for r in rows]

@@ -1,12 +1,20 @@
-"""Pieces of the self-contained HTML pages (evaluation report, comparison): tables, figures, the page."""
+"""Pieces of the self-contained HTML pages (evaluation report, comparison, history): tables, figures, the page,
+and the check of the directory a page is written to."""
 
 from __future__ import annotations
 
 import base64
 import html
 import io
+import json
 import math
 import textwrap
+from collections.abc import Callable
+from pathlib import Path
+from typing import NamedTuple
+
+from hashdist.data.atomic import check_apart
+from hashdist.errors import InputError
 
 TITLE_CHARS_PER_INCH = 11  # characters of a default-size title per inch of axes
 
@@ -58,6 +66,36 @@ def png(fig) -> str:
     return base64.b64encode(buf.getvalue()).decode()
 
 
+def pyplot():
+    """matplotlib's pyplot on the non-interactive Agg backend (figures are only saved as PNG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+class Figure(NamedTuple):
+    """A figure of a page: how to draw it and what its caption says."""
+
+    draw: Callable  # (pyplot, *the page's data) -> a matplotlib figure, or None where the page has no such figure
+    caption: str
+
+
+def draw_figures(figures: dict[str, Figure], *data) -> dict[str, str]:
+    """Every figure of a table of ``figures`` drawn from ``data`` as a base64 PNG, by name, in table order; a
+    figure whose ``draw`` returns None is left out."""
+    plt = pyplot()
+    out = {}
+    for name, figure in figures.items():
+        fig = figure.draw(plt, *data)
+        if fig is not None:
+            out[name] = png(fig)
+            plt.close(fig)
+    return out
+
+
 def text_table(caption: str, header: list[str], rows: list[list[str]]) -> str:
     """An aligned plain-text table under its caption (first column left, the rest right)."""
     widths = [max(len(str(x)) for x in col) for col in zip(header, *rows, strict=True)]
@@ -103,3 +141,21 @@ def page(title: str, body: str) -> str:
     """A complete self-contained HTML document."""
     return (f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
             f"<style>{_STYLE}</style></head><body>{body}</body></html>")
+
+
+def _is_marked(path: Path, marker: str) -> bool:
+    """Whether ``path`` is a JSON file whose "format" is ``marker``."""
+    try:
+        return path.is_file() and json.loads(path.read_text()).get("format") == marker
+    except Exception:
+        return False
+
+
+def check_replaceable_dir(out, overwrite: bool, inputs, *, what: str, marker_file: str, marker: str) -> Path:
+    """Refuse an existing ``out`` that is not a previous hashdist ``what`` directory (its ``marker_file`` with the
+    format ``marker``), unless overwrite, and one that overlaps an input path."""
+    check_apart(out, inputs)
+    out = Path(out)
+    if out.exists() and not overwrite and not _is_marked(out / marker_file, marker):
+        raise InputError(f"{out}: exists and is not a hashdist {what} directory (pass --overwrite to replace it)")
+    return out

@@ -14,6 +14,8 @@ _PUBLIC = {
     "Evaluation": "hashdist.api", "evaluate": "hashdist.api", "evaluate_local": "hashdist.api",
     "Evaluator": "hashdist.arrays", "evaluate_codes": "hashdist.arrays",
     "open_dataset": "hashdist.data.dataset", "ingest": "hashdist.data.ingest", "InputError": "hashdist.errors",
+    "EvaluateOptions": "hashdist.options", "CompareOptions": "hashdist.options",
+    "GroundTruthOptions": "hashdist.options", "ExecutionOptions": "hashdist.options",
 }
 __all__ = ["__version__", *_PUBLIC]
 

@@ -13,6 +13,7 @@ import difflib
 import math
 import os
 import re
+import typing
 from collections.abc import Iterable
 from dataclasses import MISSING, dataclass, field, fields, replace
 from typing import Any, Literal, NamedTuple
@@ -31,9 +32,11 @@ from hashdist.defaults import (
     DEFAULT_QUERY_BLOCK_ROWS,
     DEFAULT_RADII,
     DEFAULT_SEED,
+    GROUNDTRUTH_NEIGHBORS,
+    GROUNDTRUTH_PERCENT,
     GROUNDTRUTH_QUERY_BLOCK_ROWS,
+    GROUNDTRUTH_SAMPLE,
 )
-from hashdist.engine import groundtruth as gt
 from hashdist.engine.blocks import block_rows
 from hashdist.engine.plan import Plan, make_plan
 from hashdist.errors import InputError, check_integer, check_number, is_integer, json_object
@@ -391,26 +394,27 @@ class GroundTruthOptions:
     method: Literal["epsilon_ball", "top_percent"] = field(metadata=option(
         "epsilon_ball: distance <= epsilon; top_percent: the --percent nearest"))
     neighbors: int | None = field(default=None, metadata=option(
-        f"epsilon_ball: the R-th neighbour sets epsilon (default {gt.DEFAULT_NEIGHBORS})"))
+        f"epsilon_ball: the R-th neighbour sets epsilon (default {GROUNDTRUTH_NEIGHBORS})"))
     sample: int | None = field(default=None, metadata=option(
-        f"epsilon_ball: database points sampled for epsilon (default {gt.DEFAULT_SAMPLE})"))
+        f"epsilon_ball: database points sampled for epsilon (default {GROUNDTRUTH_SAMPLE})"))
     seed: int | None = field(default=None, metadata=option("epsilon_ball: seed of the sample (default 0)"))
     epsilon: float | None = field(default=None, metadata=option(
         "epsilon_ball: use this radius instead of estimating it"))
     percent: float | None = field(default=None, metadata=option(
-        f"top_percent: percentage of the database (default {gt.DEFAULT_PERCENT:g})"))
+        f"top_percent: percentage of the database (default {GROUNDTRUTH_PERCENT:g})"))
     query_block_rows: int | None = field(default=None, metadata=option(
         f"queries per block (default {GROUNDTRUTH_QUERY_BLOCK_ROWS}; rounded up to whole chunks)"))
     db_block_rows: int | None = field(default=None, metadata=option(
         f"database rows per block (default {DEFAULT_DB_BLOCK_ROWS}; rounded up to whole chunks; at most 2^31 - 1)"))
 
     def __post_init__(self):
-        if self.method not in gt.METHODS:
-            raise InputError(f"--method must be one of {', '.join(gt.METHODS)}, got {self.method!r}")
+        methods = typing.get_args(typing.get_type_hints(GroundTruthOptions)["method"])
+        if self.method not in methods:
+            raise InputError(f"--method must be one of {', '.join(methods)}, got {self.method!r}")
         if self.method == "top_percent":
             _refuse(((self.neighbors, "--neighbors"), (self.sample, "--sample"), (self.seed, "--seed"),
                      (self.epsilon, "--epsilon")), "applies only to --method epsilon_ball")
-            percent = gt.DEFAULT_PERCENT if self.percent is None else check_number(self.percent, "--percent")
+            percent = GROUNDTRUTH_PERCENT if self.percent is None else check_number(self.percent, "--percent")
             if not 0 < percent <= 100:
                 raise InputError(f"--percent must be in (0, 100], got {percent:g}")
             return
@@ -422,8 +426,11 @@ class GroundTruthOptions:
             if check_number(self.epsilon, "--epsilon") < 0:
                 raise InputError(f"--epsilon must be >= 0, got {self.epsilon:g}")
 
-    def resolve(self, dataset) -> tuple[Dataset, gt.Params]:
-        """Open the dataset, check its features and the options against its sizes: the checked request."""
+    def resolve(self, dataset) -> tuple:
+        """Open the dataset, check its features and the options against its sizes: the checked request
+        (dataset, hashdist.engine.groundtruth.Params)."""
+        from hashdist.engine import groundtruth as gt  # numba functions of its own: loaded by ground truth alone
+
         ds = open_dataset(dataset)
         gt.check_features(ds)
         blocks = dict(
@@ -432,7 +439,7 @@ class GroundTruthOptions:
             db_block_rows=block_rows(self.db_block_rows, ds.chunk_rows("database"), DEFAULT_DB_BLOCK_ROWS,
                                      "--db-block-rows", ds.n_database))
         if self.method == "top_percent":
-            percent = gt.DEFAULT_PERCENT if self.percent is None else float(self.percent)
+            percent = GROUNDTRUTH_PERCENT if self.percent is None else float(self.percent)
             return ds, gt.Params(self.method, percent=percent, **blocks)
         if self.epsilon is not None:
             return ds, gt.Params(self.method, epsilon=float(self.epsilon), **blocks)

@@ -174,7 +174,7 @@ def test_evaluate_on_explicit_ground_truth_equals_class_labels(tmp_path):
            db_features=str(tmp_path / "other_df.npy"), query_features=paths["qf"], chunk_rows=100, query_chunk_rows=8)
     with pytest.raises(InputError, match="computed from other features than the dataset's"):
         groundtruth.write(other, gt)
-    ds = groundtruth.write(url, gt)  # a path, as the README writes it
+    ds = groundtruth.write(url, gt)  # a path, as docs/groundtruth.md writes it
     assert ds.relevance_kinds == ("class", "explicit")  # labels stay the default
     by_class = evaluate_local(url, cache=False, relevance="class")
     explicit = evaluate_local(url, cache=False, relevance="explicit")

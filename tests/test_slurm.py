@@ -301,7 +301,7 @@ def test_slurm_cluster_from_cluster_kwargs(slurm, tmp_path, cli_env, local_repor
 def test_slurm_cluster_from_the_shipped_config(slurm, tmp_path, cli_env, local_report):
     """deploy/dask/slurm.yaml as a user installs it, TLS included; only site values (partition, node size,
     network interface, certificate paths) overridden through DASK_* variables, and --cluster-kwargs as the
-    README gives it."""
+    docs/clusters.md gives it."""
     from distributed.security import Security
 
     dataset, local = local_report

@@ -90,7 +90,7 @@ def test_digits_hashed_per_run_on_its_training_set(tmp_path):
 
 
 def test_digits_end_to_end_over_ten_runs(tmp_path, capsys):
-    """The README's protocol example: split, hash with LSH and ITQ per run, compare over 10 runs."""
+    """docs/protocols.md's example: split, hash with LSH and ITQ per run, compare over 10 runs."""
     from scipy import stats
 
     from hashdist.api import evaluate_local

@@ -49,8 +49,8 @@ Exact, tie-aware evaluation of binary hash codes for retrieval.
       then ingest --splits and compare --method NAME=RUN0.zarr,RUN1.zarr,...   repeated runs
 
 Every order-dependent metric is reported for the three tie policies (expected
-over all orders of items at equal Hamming distance, best, worst). See README.md
-and docs/metrics.md (the metric definitions).
+over all orders of items at equal Hamming distance, best, worst). See README.md,
+docs/cli.md and docs/metrics.md (the metric definitions).
 """
 
 
@@ -551,7 +551,7 @@ def _add_split(sub):
                    help="standard and/or improved (default both, or the protocol's)")
     p.add_argument("--protocol", choices=[x.name for x in PROTOCOLS], metavar="NAME",
                    help="a literature protocol's strategy and sizes, with no validation sets unless sized: "
-                   + ", ".join(x.name for x in PROTOCOLS) + " (README: Evaluation protocols)")
+                   + ", ".join(x.name for x in PROTOCOLS) + " (docs/protocols.md)")
     p.add_argument("--runs", type=int, default=10, help="number of runs T (default 10)")
     p.add_argument("--seed", type=int, default=0, help="default 0")
     for role, default in (("test-queries", "1000"), ("test-database", "5000; improved only"),

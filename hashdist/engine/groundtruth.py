@@ -38,7 +38,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from fractions import Fraction
 
-import numba
 import numpy as np
 from threadpoolctl import threadpool_limits
 
@@ -51,17 +50,19 @@ from hashdist.data.dataset import (
     replace_relevant,
     task_url,
 )
-from hashdist.defaults import DEFAULT_DB_BLOCK_ROWS, GROUNDTRUTH_QUERY_BLOCK_ROWS
+from hashdist.defaults import (
+    DEFAULT_DB_BLOCK_ROWS,
+    GROUNDTRUTH_NEIGHBORS,
+    GROUNDTRUTH_QUERY_BLOCK_ROWS,
+    GROUNDTRUTH_SAMPLE,
+)
 from hashdist.engine.blocks import Block, row_ranges
 from hashdist.engine.cache import BlockCache, resolve_cache
 from hashdist.errors import InputError, check_integer
+from hashdist.kernels import cached_njit
 from hashdist.progress import progress_bar
 
-METHODS = ("epsilon_ball", "top_percent")
 GROUNDTRUTH_VERSION = 1
-DEFAULT_NEIGHBORS = 50
-DEFAULT_SAMPLE = 100
-DEFAULT_PERCENT = 2.0
 TILE_ELEMENTS = 1 << 24  # approximate distances held at once by one block (64 MiB in float32)
 EPSILON_SLACK = 1e-9  # relative widening of epsilon^2 that covers float64 rounding of sqrt and squares
 
@@ -71,7 +72,7 @@ def margin_factor(dim: int, dtype) -> float:
     return 3.0 * (dim + 8) * float(np.finfo(dtype).eps)  # 3 x 2(D+8) unit roundoffs
 
 
-@numba.njit(nogil=True, cache=True)
+@cached_njit(nogil=True)
 def _exact_sq_distances(x, y, rows, cols):  # pragma: no cover - compiled
     out = np.empty(rows.shape[0], dtype=np.float64)
     for p in range(rows.shape[0]):
@@ -120,8 +121,8 @@ def check_features(ds: Dataset) -> None:
 
 def epsilon_estimate(n: int, neighbors, sample, seed) -> dict:
     """The checked options of estimating epsilon from ``sample`` database rows' ``neighbors``-th nearest row."""
-    neighbors = check_integer(DEFAULT_NEIGHBORS if neighbors is None else neighbors, "--neighbors")
-    sample = check_integer(DEFAULT_SAMPLE if sample is None else sample, "--sample")
+    neighbors = check_integer(GROUNDTRUTH_NEIGHBORS if neighbors is None else neighbors, "--neighbors")
+    sample = check_integer(GROUNDTRUTH_SAMPLE if sample is None else sample, "--sample")
     seed = check_integer(0 if seed is None else seed, "--seed", 0)
     if neighbors >= n:
         raise InputError(

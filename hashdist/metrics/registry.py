@@ -9,10 +9,10 @@ or from counts summed over the evaluated queries (micro measures), or from the
 aggregated values of measures declared before it (the PR curve by rank). The
 summary, the terminal and HTML tables, the comparison, Prefect artifacts and
 per-query storage all read this table. Adding a metric means one :class:`Measure` and
-its function here; its definition in docs/metrics.md and its key in the README's
-report keys; an independent reference in tests/reference.py that
-tests/test_metrics_reference.py compares it with; and, for a measure no table of
-hashdist.report.evaluation shows (a per-K value without tie policies, a curve), a place there.
+its function here; its definition in docs/metrics.md and its key in docs/report.md;
+an independent reference in tests/reference.py that tests/test_metrics_reference.py
+compares it with; and, for a measure no table of hashdist.report.evaluation shows (a
+per-K value without tie policies, a curve), a place there.
 
 Report layout: ``metrics[key][str(parameter value)][variant][policy]``, each level
 present only when the measure has it (``metrics.map.expected``,

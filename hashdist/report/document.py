@@ -17,7 +17,7 @@ from hashdist.report.evaluation import REPORT_MARKER, provenance, write_outputs
 
 
 def build_report(ds: Dataset, plan: Plan, parameters: dict, result: RunResult, timing: dict, engine: dict) -> dict:
-    """The report document (see README: report keys)."""
+    """The report document (docs/report.md)."""
     wall = timing.get("wall_s") or 0.0
     return {
         "format": REPORT_MARKER,

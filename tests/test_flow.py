@@ -21,7 +21,8 @@ def test_flow_on_local_cluster_equals_single_process(class_dataset, tmp_path):
                           out=tmp_path / "report")
     assert _metrics(flow) == _metrics(local)
     report = json.loads((tmp_path / "report" / "report.json").read_text())
-    assert report["blocks"] == {"total": 5 * 6, "computed": 30, "cached": 0, "collapsed": 0, "distinct_fraction": 1.0}
+    assert report["blocks"] == {"total": 5 * 6, "computed": 30, "cached": 0, "collapsed": 0, "distinct_fraction": 1.0,
+                                "computed_pairs": 70 * 3000}
     assert set(report["timing"]) == {"startup_s", "compute_s", "reduce_s", "metrics_s", "write_s", "wall_s"}
     assert report["throughput"]["pairs"] == 70 * 3000
     rerun = run_evaluation(class_dataset, cache=tmp_path / "cache", query_block_rows=16, db_block_rows=500)

@@ -373,10 +373,31 @@ def _check_evaluate(a):
     a.prepared = a.options.resolve(a.dataset)
 
 
+def _work_line(a) -> str:
+    """What the run is about to do, in one line: the pairs, the code length, the blocks and where they run."""
+    ds, plan, execution = a.prepared.ds, a.prepared.plan, a.execution
+    blocks = len(plan.histogram_blocks)
+    address = execution.address or os.environ.get("HASHDIST_DASK_ADDRESS")
+    cluster_class = execution.cluster_class or os.environ.get("HASHDIST_CLUSTER_CLASS")
+    if execution.engine == "local":
+        where = "threads in this process"
+    elif address:
+        where = f"Prefect + Dask on the cluster at {address}"
+    else:
+        where = f"Prefect + Dask on {f'a per-run {cluster_class}' if cluster_class else 'an embedded local cluster'}"
+    rows = min(plan.query_block_rows, ds.n_queries), min(plan.db_block_rows, ds.n_database)
+    return (f"hashdist evaluate: {ds.n_queries:,} queries x {ds.n_database:,} items, {ds.nbits} bits, "
+            f"{plan.relevance} relevance, {a.prepared.params.distance} distance; {blocks:,} block"
+            f"{'s' if blocks != 1 else ''} of up to {rows[0]:,} x {rows[1]:,}; {where}")
+
+
 def _evaluate_into(a):
     import time
 
     started_at = time.time()
+    if not a.quiet:
+        sys.stderr.write(_work_line(a) + "\n")
+        sys.stderr.flush()
     if a.execution.engine == "local":
         from hashdist.api import evaluate_prepared
 
@@ -424,11 +445,13 @@ def _evaluate_output(a, evaluation, verdict) -> str:
     if a.json:
         return json.dumps(json_safe(evaluation.report), indent=2)
     r = evaluation.report
-    tail = (
-        f"\nblocks: {r['blocks']['computed']} computed, {r['blocks']['cached']} cached of {r['blocks']['total']}; "
-        f"{r['throughput']['pairs']:.3g} pairs in {r['timing']['wall_s']:.2f} s\nreport: {out}/report.json"
-        + ("" if a.no_html else f", {out}/report.html")
-    )
+    blocks, timing = r["blocks"], r["timing"]
+    pairs = blocks.get("computed_pairs") or 0
+    rate = (f"{pairs:.3g} pairs computed at {pairs / max(timing['compute_s'], 1e-9):.3g} pairs/s" if blocks["computed"]
+            else "nothing to compute: every block came from the cache")
+    tail = (f"\nblocks: {blocks['computed']} computed, {blocks['cached']} cached of {blocks['total']}; {rate}; "
+            f"{timing['wall_s']:.2f} s in all\nreport: {out}/report.json"
+            + ("" if a.no_html else f", {out}/report.html"))
     if verdict is not None:
         tail += f"\nhistory: {a.history}: {verdict['message']}"
     return format_table(r) + tail

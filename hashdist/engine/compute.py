@@ -109,14 +109,14 @@ def count_codes(plan: Plan, blocks, parts: range, ds: Dataset | None = None) -> 
     return result
 
 
-TALLIES = ("computed", "cached", "collapsed", "rows", "distinct_rows")
+TALLIES = ("computed", "cached", "collapsed", "rows", "distinct_rows", "computed_pairs")
 
 
 @dataclass
 class Partials:
     """The mergeable state of a run's histogram blocks: their results summed per query block (exact integers)
     and tallies (TALLIES: blocks computed, from the cache, collapsed to distinct rows; database rows and
-    their distinct rows, summed over blocks).
+    their distinct rows, summed over blocks; the pairs of the computed blocks).
 
     ``add_block`` updates it and ``merge`` combines two (in any order, any grouping: the sums are exact).
     """
@@ -124,11 +124,12 @@ class Partials:
     sums: dict[int, dict[str, np.ndarray]] = field(default_factory=dict)
     tallies: dict[str, int] = field(default_factory=lambda: dict.fromkeys(TALLIES, 0))
 
-    def add_block(self, q0: int, result: dict[str, np.ndarray], was_cached: bool) -> None:
+    def add_block(self, q0: int, result: dict[str, np.ndarray], was_cached: bool, pairs: int = 0) -> None:
         result = dict(result)
         rows, distinct, collapsed = result.pop("collapse", (0, 0, 0))  # absent from blocks cached before it
         self._add_sums(q0, result)
-        for key, value in zip(TALLIES, (not was_cached, was_cached, collapsed, rows, distinct), strict=True):
+        computed = (not was_cached, was_cached, collapsed, rows, distinct, 0 if was_cached else pairs)
+        for key, value in zip(TALLIES, computed, strict=True):
             self.tallies[key] += int(value)
 
     def merge(self, other: Partials) -> Partials:
@@ -156,7 +157,7 @@ def run_blocks(plan: Plan, blocks, cache: BlockCache, progress=None) -> Partials
     for block in blocks:
         ds = ds or open_dataset(plan.url)
         result, was_cached = cached_histogram(plan, block, cache, ds, memo)
-        partials.add_block(block.q0, result, was_cached)
+        partials.add_block(block.q0, result, was_cached, block.pairs)
         if progress:
             progress(block, was_cached)
     return partials

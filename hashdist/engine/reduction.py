@@ -109,7 +109,8 @@ def assemble(plan: Plan, params: MetricParams, item_values, part_sizes, bit_ones
     # else hashdist.kernels.collapse's estimate); None when every block came from a cache that predates it
     fraction = tallies["distinct_rows"] / tallies["rows"] if tallies["rows"] else None
     blocks = {"total": len(plan.histogram_blocks), "computed": tallies["computed"], "cached": tallies["cached"],
-              "collapsed": tallies["collapsed"], "distinct_fraction": fraction}
+              "collapsed": tallies["collapsed"], "distinct_fraction": fraction,
+              "computed_pairs": tallies["computed_pairs"]}
     return RunResult(metrics, queries, per_query, sizes, usage, blocks)
 
 

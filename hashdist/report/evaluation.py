@@ -18,7 +18,7 @@ import numpy as np
 from hashdist.data.atomic import staged_directory
 from hashdist.kernels.codeusage import rank_size_steps
 from hashdist.metrics.conventions import BY_NAME
-from hashdist.metrics.registry import AP_EXPECTED, FIELD_LABELS, MEASURES, POLICIES, lookup
+from hashdist.metrics.registry import AP_EXPECTED, FIELD_LABELS, MEASURES, POLICIES, headline_rows, lookup
 from hashdist.report.render import (
     Figure,
     check_replaceable_dir,
@@ -167,9 +167,18 @@ def convention_tables(report: dict) -> list[tuple[str, list[str], list[list[str]
     return out
 
 
+def headline_table(report: dict) -> tuple[str, list[str], list[list[str]]]:
+    """The headline measures as "expected [worst, best]": the value to publish and what tie order can move it."""
+    rows = [[label, f"{fmt(v['expected'])} [{fmt(v['worst'])}, {fmt(v['best'])}]" if v["worst"] != v["best"]
+             else fmt(v["expected"])] for label, v in headline_rows(report["metrics"])]
+    return ("Headline: expected over all orders of tied items [worst, best order]; publish expected",
+            ["metric", "expected [worst, best]"], rows)
+
+
 def format_table(report: dict) -> str:
-    """The metric tables (with the requested conventions) as aligned text, code usage and the evaluated query count."""
-    parts = [text_table(*t) for t in tables(report)]
+    """The headline, the metric tables (with the requested conventions) as aligned text, code usage and the
+    evaluated query count."""
+    parts = [text_table(*headline_table(report)), *(text_table(*t) for t in tables(report))]
     usage = report.get("code_usage")
     if usage:
         parts.append(f"code usage: {usage['distinct_codes']} distinct codes, largest bucket {usage['max_bucket']}, "

@@ -93,8 +93,9 @@ def _add_ingest(sub):
     )
     p.add_argument("--db-codes", metavar="DB.npy", help="required unless --splits")
     p.add_argument("--query-codes", metavar="Q.npy", help="required unless --append")
-    p.add_argument("--db-labels", metavar="DBL.npy")
-    p.add_argument("--query-labels", metavar="QL.npy")
+    p.add_argument("--db-labels", metavar="DBL.npy", help="database labels: 1-D integer classes or a 2-D 0/1 "
+                   "multi-hot matrix (N rows)")
+    p.add_argument("--query-labels", metavar="QL.npy", help="query labels, of the same kind as --db-labels (Q rows)")
     p.add_argument("--query-relevant", metavar="REL.npz", help="explicit ground truth: CSR indptr, indices[, grades]")
     p.add_argument("--db-features", metavar="F.npy", help="(N, D) float32/float64 features, for hashdist groundtruth")
     p.add_argument("--query-features", metavar="F.npy", help="(Q, D) query features, with --db-features")
@@ -118,7 +119,7 @@ def _add_ingest(sub):
     p.add_argument("--validation", action="store_true",
                    help="with --splits: the validation queries and validation database instead of the test pair")
     p.add_argument("--overwrite", action="store_true", help="replace an existing dataset at --out")
-    p.add_argument("--out", required=True, metavar="DATASET.zarr")
+    p.add_argument("--out", required=True, metavar="DATASET.zarr", help="the dataset to write (a Zarr directory)")
 
 
 def _given(a, name: str) -> bool:
@@ -194,22 +195,24 @@ def _add_synth(sub):
                    help="Gaussian-mixture features (no labels) hashed with this method, for hashdist groundtruth")
     p.add_argument("--dim", type=int, help="feature dimensions with --features (default 128)")
     p.add_argument("--n-clusters", type=int, help="mixture components with --features (default 1000)")
-    p.add_argument("--n-database", type=int)
-    p.add_argument("--n-queries", type=int)
-    p.add_argument("--nbits", type=int)
-    p.add_argument("--labels", choices=["class", "multilabel"])
-    p.add_argument("--n-classes", type=int)
-    p.add_argument("--n-concepts", type=int)
-    p.add_argument("--labels-per-item", type=float)
+    p.add_argument("--n-database", type=int, help="database items (default: the preset's)")
+    p.add_argument("--n-queries", type=int, help="queries (default: the preset's)")
+    p.add_argument("--nbits", type=int, help="bits per code (default: the preset's)")
+    p.add_argument("--labels", choices=["class", "multilabel"], help="single-label classes or multi-label concepts "
+                   "(default: the preset's)")
+    p.add_argument("--n-classes", type=int, help="classes (with --labels class)")
+    p.add_argument("--n-concepts", type=int, help="concepts (with --labels multilabel)")
+    p.add_argument("--labels-per-item", type=float, help="mean concepts per item (with --labels multilabel)")
     p.add_argument("--noise", type=float, help="per-bit flip probability around the class centres")
     p.add_argument("--collision", type=float, help="fraction of items set exactly to their centre code")
     p.add_argument("--prototypes", type=int,
                    help="codes per class (centre plus noise) that every item copies: most items then share a few "
                    "codes, as with supervised models (the collisions preset: 200)")
     p.add_argument("--stray", type=float, help="with --prototypes: fraction of items with one random bit flipped")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--chunk-rows", type=int)
-    p.add_argument("--overwrite", action="store_true")
+    p.add_argument("--seed", type=int, default=0, help="seed of every random draw (default 0): the same seed, the "
+                   "same dataset")
+    p.add_argument("--chunk-rows", type=int, help="database rows per Zarr chunk (default 65536)")
+    p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
     p.add_argument("--pooled", action="store_true",
                    help="write every item unsplit to --out DIR as codes.npy and labels.npy (for hashdist split "
                    "and ingest --splits); the size is --n-database plus --n-queries")
@@ -219,7 +222,8 @@ def _add_synth(sub):
     p.add_argument("--strategy", choices=["standard", "improved"], help="with --splits")
     p.add_argument("--run", type=int, help="with --splits: the run index")
     p.add_argument("--validation", action="store_true", help="with --splits: the validation pair")
-    p.add_argument("--out", required=True, metavar="DATASET.zarr")
+    p.add_argument("--out", required=True, metavar="DATASET.zarr", help="the dataset to write (a Zarr directory; "
+                   "with --pooled a directory of .npy files)")
 
 
 # the options each source of data does not take (refused rather than ignored)
@@ -582,7 +586,8 @@ def _add_split(sub):
                           ("training", "what the other sets leave")):
         p.add_argument(f"--{role}", type=int, metavar="SIZE", help=f"set size (default {default})")
     p.add_argument("--overwrite", action="store_true", help="replace an existing splits store at --out")
-    p.add_argument("--out", required=True, metavar="SPLITS.zarr")
+    p.add_argument("--out", required=True, metavar="SPLITS.zarr", help="the splits store to write (for ingest "
+                   "--splits)")
 
 
 def _run_split(a):
@@ -624,7 +629,7 @@ def _add_history(sub):
         "set or settings differ are not comparable). Writes HISTORY/history.html (or --out): a captioned plot of mAP "
         "over the runs with its tie interval, and the table.",
     )
-    p.add_argument("history", metavar="HISTORY")
+    p.add_argument("history", metavar="HISTORY", help="a history store written by evaluate --history")
     p.add_argument("--out", metavar="PAGE.html", help="where to write the page (default HISTORY/history.html)")
     p.add_argument("--no-html", action="store_true", help="write no page")
     p.add_argument("--json", action="store_true", help="print the trend as JSON instead of the table")

@@ -43,6 +43,24 @@ SERVER_SETTINGS = {"PREFECT_SERVER_DATABASE_MIGRATE_ON_START": "false",
                    "PREFECT_API_EVENTS_STREAM_OUT_ENABLED": "false"}
 
 
+# What hashdist uses of Prefect beyond its public flow/task API, and what for: the one list to check when Prefect
+# is upgraded (tests/test_prefect_internals.py names the Prefect version and the missing piece).
+PREFECT_INTERNALS = (
+    ("prefect.server.api.server", "create_app", "the temporary API server's app (serve)"),
+    ("prefect.server.api.server", "API_ROUTERS", "only the routers a flow run calls (_only_flow_run_routers)"),
+    ("prefect.server.utilities.server", "PrefectRouter", "routes built only for the routers kept"),
+    ("prefect.server.database", "provide_database_interface", "the migrated template database (_migrate)"),
+    ("prefect.server.models.block_registration", "run_block_auto_registration", "block types in the template"),
+    ("prefect.settings", "Settings", "one app cache key (_one_app_cache_key)"),
+    ("prefect.settings", "temporary_settings", "the run's API URL (flows.runtime)"),
+    ("prefect.settings", "PREFECT_FLOWS_HEARTBEAT_FREQUENCY", "flows.runtime's settings"),
+    ("prefect.context", "refresh_global_settings_context", "settings changed after Prefect loaded (flows.runtime)"),
+    ("prefect.context", "FlowRunContext", "the flow's Dask client (flows.evaluate)"),
+    ("prefect.states", "State", "a task run's final state held by Dask (flows.evaluate)"),
+    ("prefect_dask", "DaskTaskRunner", "the task runner of every flow (flows.runtime)"),
+)
+
+
 class TemporaryAPIServer:
     """A Prefect API server process for this process: ends with it, even when this one is killed."""
 

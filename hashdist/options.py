@@ -280,10 +280,9 @@ class ExecutionOptions:
     def __post_init__(self):
         if isinstance(self.cache, os.PathLike):
             object.__setattr__(self, "cache", str(self.cache))
-        if self.cache is not None and not isinstance(self.cache, bool):
-            from hashdist.engine.cache import resolve_cache
+        from hashdist.engine.cache import resolve_cache
 
-            resolve_cache(self.cache)
+        resolve_cache(self.cache)  # a directory, or the per-user one ($HASHDIST_CACHE): checked before any run
         for name in ("workers", "threads"):
             value = getattr(self, name)
             if value is not None and (not is_integer(value) or value < 1):

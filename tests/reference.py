@@ -762,3 +762,61 @@ def pack_bits_reference(bits01):
                     v |= 1 << (b - 64 * w)
             out[i, w] = np.uint64(v)
     return out
+
+
+# ----------------------------------------------------------------------------
+# real-valued distances, exactly (docs/metrics.md, section 4b)
+# ----------------------------------------------------------------------------
+
+
+def _common_integers(values):
+    """Floats -> (integers n_i, denominator D) with value_i = n_i / D exactly (Fraction of each float64)."""
+    fractions = [Fraction(float(v)) for v in values]
+    den = math.lcm(*(f.denominator for f in fractions)) if fractions else 1
+    return [int(f * den) for f in fractions], den
+
+
+def exact_weighted_distances(qbits, dbbits, weights):
+    """(Q, N) object array of Fractions: sum_i w_i [q_i != j_i], exactly; weights (B,) or (Q, B)."""
+    qbits, dbbits = np.asarray(qbits, dtype=np.int64), np.asarray(dbbits, dtype=np.int64)
+    rows = np.broadcast_to(np.atleast_2d(np.asarray(weights, dtype=np.float64)), (len(qbits), qbits.shape[1]))
+    out = np.empty((len(qbits), len(dbbits)), dtype=object)
+    for q in range(len(qbits)):
+        ints, den = _common_integers(rows[q])
+        totals = (dbbits != qbits[q][None, :]).astype(object) @ np.array(ints, dtype=object)
+        out[q] = [Fraction(int(t), den) for t in totals]
+    return out
+
+
+def exact_asymmetric_distances(scores, dbbits):
+    """(Q, N) object array of Fractions: -y . b with b = 2 bits - 1 in {-1, +1}^B, exactly."""
+    dbbits = np.asarray(dbbits, dtype=np.int64)
+    signs = (2 * dbbits - 1).astype(object)
+    out = np.empty((len(scores), len(dbbits)), dtype=object)
+    for q, row in enumerate(np.asarray(scores, dtype=np.float64)):
+        ints, den = _common_integers(row)
+        totals = signs @ np.array(ints, dtype=object)
+        out[q] = [Fraction(-int(t), den) for t in totals]
+    return out
+
+
+def exact_ranks(values):
+    """Dense ranks (int64) of exact values: equal values share a rank, a smaller value has a smaller rank, so
+    the ranks are an integer 'distance' with the same ranking and the same tie groups."""
+    distinct = sorted(set(values))
+    rank = {v: i for i, v in enumerate(distinct)}
+    return np.array([rank[v] for v in values], dtype=np.int64)
+
+
+def auc_list(gr):
+    """ROC AUC of one concrete ranked list: the share of (relevant, irrelevant) pairs with the relevant first."""
+    n_irr, n_rel = sum(1 for g in gr if g < 1), _n_relevant(gr)
+    if n_rel == 0 or n_irr == 0:
+        return None
+    correct, irrelevant_after = 0, n_irr
+    for g in gr:
+        if g >= 1:
+            correct += irrelevant_after
+        else:
+            irrelevant_after -= 1
+    return Fraction(correct, n_rel * n_irr)

@@ -35,6 +35,11 @@ window.addEventListener('load', () => {
       rows: [...t.querySelectorAll('tbody tr')].map(r => [...r.cells].map(c => c.textContent)),
     })),
     definitions: [...document.querySelectorAll('dl dt')].map(t => [t.textContent, t.nextElementSibling.textContent]),
+    title: document.title,
+    headline: document.querySelector('.headline')?.textContent || '',
+    alts: images.map(i => i.alt),
+    width: document.documentElement.scrollWidth,
+    viewport: document.documentElement.clientWidth,
   });
   document.body.appendChild(probe);
 });
@@ -61,12 +66,13 @@ class _Probe(HTMLParser):
             self.inside = False
 
 
-def rendered(page, tmp_path) -> dict:
-    """What Chromium made of ``page``: image counts, figure captions and the tables' cells."""
+def rendered(page, tmp_path, width: int = 1400) -> dict:
+    """What Chromium made of ``page`` in a window ``width`` pixels wide: image counts and alt texts, figure
+    captions, the headline and the tables' cells."""
     probed = tmp_path / f"probed-{page.name}"
     probed.write_text(page.read_text().replace("</body>", PROBE + "</body>"))
-    done = subprocess.run([CHROMIUM, *FLAGS, f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom",
-                           probed.as_uri()], capture_output=True, text=True, timeout=120)
+    done = subprocess.run([CHROMIUM, *FLAGS, f"--user-data-dir={tmp_path / 'profile'}", f"--window-size={width},900",
+                           "--dump-dom", probed.as_uri()], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     parser = _Probe()
     parser.feed(done.stdout)
@@ -102,6 +108,27 @@ def test_report_page_in_chromium(multilabel_dataset, tmp_path):
                            "AUPRC", "hashtable KxL"]
     assert "min(K, R)" in terms["mAP@K"] and "2^g - 1" in terms["NDCG@K"] and "L" in terms["hashtable KxL"]
     assert "http" not in re.sub(r"data:image/png;base64,[A-Za-z0-9+/=]+", "", (out / "report.html").read_text())
+
+
+def test_report_page_leads_with_its_headline_and_shows_its_provenance(multilabel_dataset, tmp_path):
+    ev = evaluate_local(multilabel_dataset, cache=False, k=[5, 50])
+    out = ev.write(tmp_path / "report")
+    r = ev.report
+    for width in (1400, 400):
+        view = rendered(out / "report.html", tmp_path, width)
+        assert view["title"] == "hashdist report: data.zarr"
+        m = r["metrics"]["map"]
+        assert (f"mAP {m['expected']:.4f}: any order of tied items gives {m['worst']:.4f} to {m['best']:.4f}; "
+                f"publish {m['expected']:.4f}, the expected value") in view["headline"]
+        assert f"{r['dataset']['n_queries']:,} queries x {r['dataset']['n_database']:,} database items" in \
+            view["headline"]
+        provenance = {row[0]: row[1] for row in _table(view, "Provenance")["rows"]}
+        assert provenance["dataset fingerprint"] == r["dataset"]["fingerprint"]
+        assert provenance["hashdist"].startswith(r["provenance"]["packages"]["hashdist"])
+        assert provenance["parameter k"] == "[5, 50]" and provenance["created"] == r["provenance"]["created"]
+        assert len(view["alts"]) == view["images"] and all(len(alt) > 60 for alt in view["alts"])
+        # nothing wider than the window (headless Chromium's narrowest is 500 px): wide tables scroll in a box
+        assert view["width"] <= view["viewport"] <= max(width, 500)
 
 
 def test_comparison_page_in_chromium(class_dataset, tmp_path):

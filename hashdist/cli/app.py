@@ -399,9 +399,8 @@ def _evaluate_into(a):
     import time
 
     started_at = time.time()
-    if not a.quiet:
-        sys.stderr.write(_work_line(a) + "\n")
-        sys.stderr.flush()
+    if not a.json:  # the output's first line (stderr keeps one line for an error)
+        print(_work_line(a), flush=True)
     if a.execution.engine == "local":
         from hashdist.api import evaluate_prepared
 

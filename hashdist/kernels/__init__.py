@@ -7,7 +7,7 @@ import numpy as np
 from numba import njit
 from numba.extending import register_jitable
 
-KERNEL_VERSION = 2
+KERNEL_VERSION = 3
 
 
 def cached_njit(**options):

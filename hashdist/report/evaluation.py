@@ -6,6 +6,7 @@ it is either the previous complete report or the new one, never half of each.
 
 from __future__ import annotations
 
+import datetime
 import html
 import json
 import math
@@ -47,7 +48,7 @@ def _version(name: str) -> str | None:
 
 def source_commit() -> str | None:
     """The git commit of the hashdist source tree, when it is a checkout."""
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     try:
         out = subprocess.run(
             ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, check=True
@@ -59,6 +60,7 @@ def source_commit() -> str | None:
 
 def provenance(dataset_fingerprint: str, parameters: dict) -> dict:
     return {
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "dataset_fingerprint": dataset_fingerprint,
         "parameters": parameters,
         "packages": {name: _version(name) for name in _PACKAGES},
@@ -327,22 +329,58 @@ def definitions(report: dict) -> list[tuple[str, str]]:
             for measure in MEASURES if measure.key in m and (measure.parameter is None or m[measure.key])]
 
 
-def render_html(report: dict, images: dict[str, str]) -> str:
+CITATIONS = (
+    "Ding, Li, Li: Mean Local Group Average Precision (mLGAP): A New Performance Metric for Hashing-based "
+    "Retrieval, arXiv 2018 (mLGAP, code usage)",
+    "Lin, Shen, Wu: Optimizing Ranking Measures for Compact Binary Code Learning (StructHash), ECCV 2014 (NDCG of "
+    "StructHash, AUC, weighted Hamming distance)",
+    "Cao, Long, Wang, Yu: HashNet: Deep Learning to Hash by Continuation, ICCV 2017 (the hashnet convention)",
+    "DeepHash-pytorch, CalcTopMap (the deephash convention); trec_eval map_cut (the trec convention)",
+)
+
+
+def _headline_html(report: dict) -> str:
+    """The page's first block: what was evaluated, and each headline measure with what tie order can do to it."""
     d, q = report["dataset"], report["queries"]
-    p = report["parameters"]
-    head = (
-        f"<h1>hashdist report</h1><p>Dataset <code>{html.escape(str(d['path']))}</code>: {d['n_queries']} queries x "
-        f"{d['n_database']} database items, {d['nbits']}-bit codes, relevance {html.escape(str(d['relevance']))}. "
-        f"{q['evaluated']} of {q['total']} queries evaluated ({q['without_relevant']} without relevant items, "
-        f"rule: {html.escape(str(p.get('empty_queries')))}). Definitions: below, and in full in docs/metrics.md "
-        "of hashdist.</p>"
-    )
+    rows = headline_rows(report["metrics"])
+    (label, first), rest = rows[0], rows[1:]
+    lead = (f"<p class='lead'><b>{html.escape(label)} {fmt(first['expected'])}</b>: any order of tied items gives "
+            f"{fmt(first['worst'])} to {fmt(first['best'])}; publish {fmt(first['expected'])}, the expected value "
+            "(the exact mean over all tie orders).</p>")
+    items = "".join(f"<li>{html.escape(name)} <b>{fmt(v['expected'])}</b>"
+                    + (f" [{fmt(v['worst'])}, {fmt(v['best'])}]" if v["worst"] != v["best"] else "") + "</li>"
+                    for name, v in rest)
+    return (f"<section class='headline'><p>{d['n_queries']:,} queries x {d['n_database']:,} database items, "
+            f"{d['nbits']}-bit codes, {html.escape(str(d['relevance']))} relevance; {q['evaluated']:,} of "
+            f"{q['total']:,} queries evaluated ({q['without_relevant']:,} without relevant items).</p>{lead}"
+            f"<ul class='measures'>{items}</ul></section>")
+
+
+def _provenance_html(report: dict) -> str:
+    """Everything that produced the numbers: when, with what, from which data, with which parameters, where."""
+    prov, d, t = report["provenance"], report["dataset"], report["timing"]
+    packages = ", ".join(f"{name} {v}" for name, v in prov["packages"].items() if v)
+    rows = [["created", str(prov.get("created") or "n/a")],
+            ["hashdist", f"{prov['packages'].get('hashdist')}, commit {prov.get('hashdist_commit') or 'n/a'}"],
+            ["packages", packages], ["dataset", str(d["path"])], ["dataset fingerprint", d["fingerprint"]],
+            *([f"parameter {k}", json.dumps(v)] for k, v in report["parameters"].items()),
+            ["engine", json.dumps(report["engine"])],
+            ["timing", ", ".join(f"{k} {v:.2f} s" for k, v in t.items() if isinstance(v, (int, float)))]]
+    return html_table("Provenance", ["what", "value"], rows, "provenance")
+
+
+def render_html(report: dict, images: dict[str, str]) -> str:
+    name = Path(str(report["dataset"]["path"]).rstrip("/")).name or "dataset"
+    head = f"<h1>hashdist report: {html.escape(name)}</h1>{_headline_html(report)}"
     body = "".join(html_table(caption, header, rows, f"table-{i}")
                    for i, (caption, header, rows) in enumerate(tables(report)))
-    figures = "".join(html_figure(name, data, _in_distance(FIGURES[name].caption, report))
-                      for name, data in images.items())
+    figures = "".join(html_figure(key, data, _in_distance(FIGURES[key].caption, report))
+                      for key, data in images.items())
     glossary = html_definitions(definitions(report))
-    return page("hashdist report", f"{head}<h2>Metrics</h2>{body}<h2>Plots</h2>{figures}<h2>Definitions</h2>{glossary}")
+    sources = ("<p>The definitions in full: docs/metrics.md in hashdist's repository. Sources:</p><ol>"
+               + "".join(f"<li>{html.escape(c)}</li>" for c in CITATIONS) + "</ol>")
+    return page(f"hashdist report: {name}", f"{head}<h2>Metrics</h2>{body}<h2>Plots</h2>{figures}"
+                f"<h2>Definitions</h2>{glossary}{sources}<h2>Provenance</h2>{_provenance_html(report)}")
 
 
 # -- writing an output directory -----------------------------------------------

@@ -128,12 +128,17 @@ def html_figure(name: str, data: str, caption: str) -> str:
 
 _STYLE = (
     "body{font-family:system-ui,sans-serif;max-width:1150px;margin:auto;padding:0 12px;color:#222}"
-    "table{border-collapse:collapse;margin:10px 0 18px}caption{text-align:left;font-weight:600;padding:4px 0}"
+    "table{border-collapse:collapse;margin:10px 0 18px;min-width:min(100%,560px)}"
+    "caption{text-align:left;font-weight:600;padding:4px 0}"
     "td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px;text-align:right}"
     "td:first-child,th:first-child{text-align:left}thead th{background:#f2f2f2}"
     "figure{display:inline-block;vertical-align:top;margin:8px;max-width:520px}"
     "figcaption{font-size:13px;color:#444;margin-top:4px}img{max-width:100%}"
     "dl{font-size:13px}dt{font-weight:600;margin-top:6px}dd{margin-left:16px;color:#444}"
+    ".headline{background:#f6f8fa;border:1px solid #d0d7de;border-radius:6px;padding:4px 16px;margin:8px 0 16px}"
+    ".lead{font-size:18px}.measures{columns:2 260px;font-size:14px}"
+    "#provenance td{text-align:left;overflow-wrap:anywhere}"
+    "@media (max-width:600px){table{display:block;overflow-x:auto}figure{max-width:100%;margin:8px 0}}"
 )
 
 

@@ -26,7 +26,7 @@ from hashdist.report.render import (
     check_replaceable_dir,
     draw_figures,
     fmt,
-    html_figure,
+    html_figures,
     html_table,
     log_count_axes,
     page,
@@ -346,7 +346,7 @@ def _usage_table(comparison: dict) -> str:
 
 def render_html(comparison: dict, images: dict[str, str]) -> str:
     texts = (_single_run_texts if n_runs(comparison) == 1 else _repeated_run_texts)(comparison)
-    figures = "".join(html_figure(name, data, FIGURES[name].caption) for name, data in images.items())
+    figures = html_figures(FIGURES, images)
     body = (
         f"<h1>hashdist comparison</h1>{texts.head}<h2>Leaderboard</h2>"
         + html_table(texts.board_caption, *leaderboard_rows(comparison), "leaderboard")

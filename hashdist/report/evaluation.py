@@ -26,7 +26,7 @@ from hashdist.report.render import (
     draw_figures,
     fmt,
     html_definitions,
-    html_figure,
+    html_figures,
     html_table,
     log_count_axes,
     page,
@@ -195,22 +195,24 @@ def format_table(report: dict) -> str:
 # -- HTML ----------------------------------------------------------------------
 
 
-def _pr_points(plt, curve, label):
-    """A PR curve, labelling points (label(p)) where it has moved visibly since the last label."""
+def _pr_points(plt, curve, label, labels: int = 7):
+    """A PR curve with at most ``labels`` of its points labelled (label(p)), spread evenly along the curve, each
+    label above and right of its point, away from a falling curve and from the other labels."""
     fig, ax = plt.subplots(figsize=(5, 4))
-    ax.plot([p["recall"] for p in curve], [p["precision"] for p in curve], marker="o", ms=3)
-    last = None
-    for p in curve:
-        if last is None or abs(p["recall"] - last[0]) + abs(p["precision"] - last[1]) > 0.06:
-            ax.annotate(label(p), (p["recall"], p["precision"]), fontsize=7, xytext=(3, 3), textcoords="offset points")
-            last = (p["recall"], p["precision"])
+    x, y = np.array([p["recall"] for p in curve]), np.array([p["precision"] for p in curve])
+    ax.plot(x, y, marker="o", ms=3, clip_on=False)
+    if not len(curve):
+        return fig, ax
+    along = np.concatenate([[0.0], np.cumsum(np.hypot(np.diff(x), np.diff(y)))])
+    for i in sorted({int(np.argmin(np.abs(along - s))) for s in np.linspace(0, along[-1], labels)}):
+        ax.annotate(label(curve[i]), (x[i], y[i]), fontsize=7, xytext=(5, 4), textcoords="offset points")
     return fig, ax
 
 
 def _pr_curve(plt, report, per_query, bucket_sizes):
     fig, ax = _pr_points(plt, report["metrics"]["pr_curve"], lambda p: f"r={p['radius']:.4g}")
     ax.set(xlabel="recall (micro)", ylabel="precision (micro)",
-           title=_in_distance("PR curve (labels: Hamming radius)", report), xlim=(0, 1.02), ylim=(0, 1.02))
+           title=_in_distance("PR curve (labels: Hamming radius)", report), xlim=(0, 1.05), ylim=(0, 1.05))
     return fig
 
 
@@ -223,13 +225,15 @@ def _radius(plt, report, per_query, bucket_sizes):
     with np.errstate(invalid="ignore", divide="ignore"):
         p_r = np.where(size > 0, tp / np.maximum(size, 1), 0.0).mean(axis=0) if len(tp) else radii * 0.0
         r_r = (tp / np.maximum(R, 1)[:, None]).mean(axis=0) if len(tp) else radii * 0.0
+    empty = (size == 0).mean(axis=0) if len(tp) else radii * 0.0
     fig, ax = plt.subplots(figsize=(5, 4))
-    ax.plot(radii, p_r, label="P@r (macro)")
+    ax.plot(radii, p_r, label="P@r (macro; an empty ball counts 0)")
     ax.plot(radii, r_r, label="R@r (macro)")
+    ax.plot(radii, empty, ls=":", color="grey", label="share of queries whose ball is empty")
     distance, _ = distance_words(report)
     ax.set(xlabel="Hamming radius r" if distance == "Hamming distance" else f"radius r ({distance})", ylabel="value",
-           title="precision and recall against radius", ylim=(0, 1.02))
-    ax.legend()
+           title="precision and recall against radius", ylim=(0, 1.05))
+    ax.legend(fontsize=8)
     return fig
 
 
@@ -237,13 +241,18 @@ def _precision_at_n(plt, report, per_query, bucket_sizes):
     m = report["metrics"]
     cutoffs = [int(n) for n in m["precision_at_n"]]
     fig, ax = plt.subplots(figsize=(5, 4))
+    widest = 0.0
     for key, name in (("precision_at_n", "P@N"), ("recall_at_n", "R@N")):
         v = {p: np.array([m[key][str(n)][p] for n in cutoffs], dtype=float) for p in POLICIES}
-        (line,) = ax.plot(cutoffs, v["expected"], marker="o", ms=3, label=f"{name} (expected)")
-        ax.fill_between(cutoffs, v["worst"], v["best"], color=line.get_color(), alpha=0.25, lw=0,
+        (line,) = ax.plot(cutoffs, v["expected"], marker="o", ms=3, label=f"{name} (expected)", clip_on=False)
+        ax.fill_between(cutoffs, v["worst"], v["best"], color=line.get_color(), alpha=0.3, lw=0,
                         label=f"{name} worst to best")
+        widest = max(widest, float(np.nanmax(v["best"] - v["worst"], initial=0.0)))
+    title = "precision and recall against N"
+    if widest < 0.02:  # a band thinner than the line would be invisible: say so
+        title += f"\n(worst-to-best bands at most {widest:.3f} wide: hidden by the lines)"
     ax.set(xscale="log", xlabel="cut-off N (top N of the Hamming ranking)", ylabel="value (macro)",
-           title="precision and recall against N", ylim=(0, 1.02))
+           title=title, ylim=(0, 1.05))
     ax.legend(fontsize=8)
     return fig
 
@@ -251,7 +260,7 @@ def _precision_at_n(plt, report, per_query, bucket_sizes):
 def _pr_curve_by_rank(plt, report, per_query, bucket_sizes):
     fig, ax = _pr_points(plt, report["metrics"]["pr_curve_by_rank"], lambda p: f"N={p['n']}")
     ax.set(xlabel="recall R@N (macro, expected)", ylabel="precision P@N (macro, expected)",
-           title="PR curve by rank (labels: cut-off N)", xlim=(0, 1.02), ylim=(0, 1.02))
+           title="PR curve by rank (labels: cut-off N)", xlim=(0, 1.05), ylim=(0, 1.05))
     return fig
 
 
@@ -265,12 +274,22 @@ def _ap_distribution(plt, report, per_query, bucket_sizes):
 
 
 def _map_interval(plt, report, per_query, bucket_sizes):
-    fig, ax = plt.subplots(figsize=(5, 2.2))
-    mp = report["metrics"]["map"]
-    ax.hlines(0, mp["worst"], mp["best"], lw=6, color="lightsteelblue")
-    ax.plot([mp["expected"]], [0], "o", color="navy")
-    ax.set(yticks=[], xlabel="mAP", title=f"mAP tie interval: worst {mp['worst']:.4f}, expected "
-           f"{mp['expected']:.4f}, best {mp['best']:.4f}")
+    """Every headline measure's tie interval in one plot: worst to best as a bar, expected as a dot, in the
+    headline's order (measures without a tie interval are left out)."""
+    rows = [(label, v) for label, v in headline_rows(report["metrics"]) if v["worst"] != v["best"]]
+    if not rows:
+        return None
+    fig, ax = plt.subplots(figsize=(9, 0.35 * len(rows) + 1.2))
+    ys = np.arange(len(rows))[::-1]
+    for y, (_, v) in zip(ys, rows, strict=True):
+        ax.hlines(y, v["worst"], v["best"], lw=7, color="lightsteelblue")
+        ax.plot([v["expected"]], [y], "o", color="navy", ms=5)
+        ax.annotate(f"{v['expected']:.4f} [{v['worst']:.4f}, {v['best']:.4f}]", (v["best"], y), xytext=(6, -3),
+                    textcoords="offset points", fontsize=8)
+    ax.set(yticks=ys, yticklabels=[label for label, _ in rows], xlim=(0, 1.12),
+           xlabel="value: expected over tie orders (dot), worst to best order (bar)",
+           title="How far the order of tied items can move each headline measure")
+    fig.tight_layout()
     return fig
 
 
@@ -285,9 +304,13 @@ def _code_usage(plt, report, per_query, bucket_sizes):
     return fig
 
 
-# the report's figures, in page order: each drawn by (pyplot, report, per_query, bucket_sizes), its caption written
-# for Hamming distances (the page says the report's distance: _in_distance)
+# the report's figures, in page order (the wide one first, so the rest fill rows of two): each drawn by (pyplot,
+# report, per_query, bucket_sizes), its caption written for Hamming distances (the page says the report's
+# distance: _in_distance)
 FIGURES = {
+    "map_interval": Figure(_map_interval, "Each headline measure under ties: any tie-breaking rule gives a value "
+                           "between worst (relevant items last in each tie group) and best (first); expected, the "
+                           "value to publish, is the exact mean over all tie orders.", wide=True),
     "pr_curve": Figure(_pr_curve, "Micro precision-recall curve over Hamming radii 0..B: TP, FP and FN summed over "
                        "the evaluated queries at each radius (labels: radius r). The curve does not depend on how "
                        "ties are ordered."),
@@ -303,9 +326,6 @@ FIGURES = {
                                "draws it."),
     "ap_distribution": Figure(_ap_distribution, "Distribution of per-query average precision over the full Hamming "
                               "ranking, expected over all orders of items tied at one distance."),
-    "map_interval": Figure(_map_interval, "mAP under ties: any tie-breaking rule gives a value between worst "
-                           "(relevant items last in each tie group) and best (first); expected is the exact mean "
-                           "over all tie orders."),
     "code_usage": Figure(_code_usage, "How the database fills the code space: items per distinct code, most used "
                          "code first (log-log). A steep head means many items collapsed onto few codes (the mLGAP "
                          "paper's Fig. 1)."),
@@ -374,8 +394,7 @@ def render_html(report: dict, images: dict[str, str]) -> str:
     head = f"<h1>hashdist report: {html.escape(name)}</h1>{_headline_html(report)}"
     body = "".join(html_table(caption, header, rows, f"table-{i}")
                    for i, (caption, header, rows) in enumerate(tables(report)))
-    figures = "".join(html_figure(key, data, _in_distance(FIGURES[key].caption, report))
-                      for key, data in images.items())
+    figures = html_figures(FIGURES, images, lambda text: _in_distance(text, report))
     glossary = html_definitions(definitions(report))
     sources = ("<p>The definitions in full: docs/metrics.md in hashdist's repository. Sources:</p><ol>"
                + "".join(f"<li>{html.escape(c)}</li>" for c in CITATIONS) + "</ol>")

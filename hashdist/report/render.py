@@ -81,6 +81,7 @@ class Figure(NamedTuple):
 
     draw: Callable  # (pyplot, *the page's data) -> a matplotlib figure, or None where the page has no such figure
     caption: str
+    wide: bool = False  # spans the page's width (the figure grid's whole row)
 
 
 def draw_figures(figures: dict[str, Figure], *data) -> dict[str, str]:
@@ -120,10 +121,19 @@ def html_definitions(terms: list[tuple[str, str]]) -> str:
     return "<dl>" + "".join(f"<dt>{html.escape(t)}</dt><dd>{html.escape(d)}</dd>" for t, d in terms) + "</dl>"
 
 
-def html_figure(name: str, data: str, caption: str) -> str:
+def html_figure(name: str, data: str, caption: str, wide: bool = False) -> str:
     """A captioned PNG figure; the caption says what is plotted and the convention behind it."""
-    return (f'<figure id="fig-{html.escape(name)}"><img alt="{html.escape(caption)}" '
+    kind = ' class="wide"' if wide else ""
+    return (f'<figure id="fig-{html.escape(name)}"{kind}><img alt="{html.escape(caption)}" '
             f'src="data:image/png;base64,{data}"><figcaption>{html.escape(caption)}</figcaption></figure>')
+
+
+def html_figures(figures: dict[str, Figure], images: dict[str, str], caption=lambda text: text) -> str:
+    """The drawn ``images`` of a table of ``figures`` in a grid (two columns where the page is wide enough, a wide
+    figure across the row); ``caption(text)`` adapts a caption to the page."""
+    return "<div class='figures'>" + "".join(
+        html_figure(name, data, caption(figures[name].caption), figures[name].wide) for name, data in images.items()
+    ) + "</div>"
 
 
 _STYLE = (
@@ -133,6 +143,9 @@ _STYLE = (
     "td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px;text-align:right}"
     "td:first-child,th:first-child{text-align:left}thead th{background:#f2f2f2}"
     "figure{display:inline-block;vertical-align:top;margin:8px;max-width:520px}"
+    ".figures{display:grid;grid-template-columns:repeat(auto-fit,minmax(min(100%,440px),1fr));gap:12px}"
+    ".figures figure{margin:0;max-width:none}.figures .wide{grid-column:1/-1}"
+    ".figures .wide img{max-width:min(100%,900px)}"
     "figcaption{font-size:13px;color:#444;margin-top:4px}img{max-width:100%}"
     "dl{font-size:13px}dt{font-weight:600;margin-top:6px}dd{margin-left:16px;color:#444}"
     ".headline{background:#f6f8fa;border:1px solid #d0d7de;border-radius:6px;padding:4px 16px;margin:8px 0 16px}"

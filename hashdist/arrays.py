@@ -25,10 +25,9 @@ import numpy as np
 from hashdist.api import evaluate_local, options_of
 from hashdist.data.bits import (
     check_code_convention,
-    code_values,
     label_kind,
     numpy_packed_to_words,
-    pack_bits,
+    pack_code_block,
     pack_label_block,
 )
 from hashdist.data.dataset import MAX_NBITS, DatasetWriter
@@ -125,9 +124,8 @@ class Evaluator:
             raise InputError(f"{name}: {arr.shape[1]} bits per code exceeds the maximum {MAX_NBITS}")
         if self.nbits is not None and arr.shape[1] != self.nbits:
             raise InputError(f"{name}: codes have {arr.shape[1]} bits but earlier codes have {self.nbits}")
-        values = code_values(arr, name)
-        check_code_convention(values, name)
-        return pack_bits(arr), arr.shape[1], values
+        words, values = pack_code_block(arr, name)
+        return words, arr.shape[1], set(values)
 
     def _check_labels_agree(self, name: str, kind: str | None, columns: int) -> None:
         """Labels must be given for every batch or none, of one kind and width on both sides."""

@@ -81,6 +81,14 @@ def check_code_convention(values: set, what: str) -> None:
         raise InputError(f"{what}: codes mix the {{0,1}} and {{-1,+1}} conventions (found {found})")
 
 
+def pack_code_block(bits: np.ndarray, what: str, seen: frozenset = frozenset()) -> tuple[np.ndarray, frozenset]:
+    """A block of {0,1} or {-1,+1} codes packed into words, with the values seen so far and in it (one convention
+    across all of a stream's blocks: ``seen`` carries the earlier ones)."""
+    values = frozenset(seen | code_values(bits, what))
+    check_code_convention(values, what)
+    return pack_bits(bits), values
+
+
 def label_kind(labels, name: str) -> str:
     """``"class"`` for 1-D integer labels, ``"multilabel"`` for a 2-D numeric multi-hot matrix with columns
     (its values are checked block by block, by :func:`pack_label_block`)."""

@@ -15,11 +15,9 @@ import numpy as np
 
 from hashdist.data.atomic import check_apart
 from hashdist.data.bits import (
-    check_code_convention,
-    code_values,
     label_kind,
     numpy_packed_to_words,
-    pack_bits,
+    pack_code_block,
     pack_label_block,
 )
 from hashdist.data.dataset import MAX_NBITS, DatasetWriter
@@ -64,15 +62,14 @@ def _code_width(arr: np.ndarray, path, packed: bool, nbits: int | None) -> int:
 
 def _code_blocks(arr, path, packed, nbits, chunk_rows):
     """Yield uint64 word blocks of chunk_rows rows, validating values as they stream."""
-    seen: set = set()
+    seen: frozenset = frozenset()
     for start in range(0, arr.shape[0], chunk_rows):
         block = np.asarray(arr[start : start + chunk_rows])
         if packed:
             yield numpy_packed_to_words(block, nbits, str(path))
         else:
-            seen |= code_values(block, str(path))
-            check_code_convention(seen, str(path))
-            yield pack_bits(block)
+            words, seen = pack_code_block(block, str(path), seen)
+            yield words
 
 
 def _label_blocks(arr, path, kind, chunk_rows):

@@ -16,6 +16,7 @@ from hashdist.options import CompareOptions, EvaluateOptions, GroundTruthOptions
 from hashdist.progress import advance, progress_bar
 from hashdist.report.comparison import write_comparison
 from hashdist.report.document import Evaluation, build_report
+from hashdist.report.evaluation import run_provenance
 
 __all__ = ["Evaluation", "compare", "evaluate", "evaluate_local", "groundtruth_local", "options_of", "prepare",
            "run_compare"]
@@ -89,6 +90,7 @@ def run_compare(specs, options: CompareOptions, evaluate, *, out=None, overwrite
     checked = checked or validate(specs, options, out, overwrite)
     evaluations = [[evaluate(run) for run in runs] for runs in checked.runs]
     comparison, occupancy = build_comparison(checked.methods, checked.datasets, evaluations, options)
+    comparison["provenance"] = run_provenance()
     if out is not None:
         write_comparison(out, comparison, occupancy, overwrite=overwrite, tables=tuple(tables))
     return comparison

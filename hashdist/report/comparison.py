@@ -348,7 +348,8 @@ def render_html(comparison: dict, images: dict[str, str]) -> str:
     texts = (_single_run_texts if n_runs(comparison) == 1 else _repeated_run_texts)(comparison)
     figures = html_figures(FIGURES, images)
     body = (
-        f"<h1>hashdist comparison</h1>{texts.head}<h2>Leaderboard</h2>"
+        f"<h1>hashdist comparison: {html.escape(', '.join(comparison['methods']))}</h1>{_headline(comparison)}"
+        f"{texts.head}<h2>Leaderboard</h2>"
         + html_table(texts.board_caption, *leaderboard_rows(comparison), "leaderboard")
         + _ties_note(comparison)
         + texts.runs
@@ -356,8 +357,33 @@ def render_html(comparison: dict, images: dict[str, str]) -> str:
         + html_table("Paired tests between methods", *_pair_table(comparison), "pairs")
         + "<h2>Code usage</h2>" + _usage_table(comparison)
         + f"<h2>Plots</h2>{texts.plot_note}{figures}"
+        + _provenance(comparison)
     )
-    return page("hashdist comparison", body)
+    return page(f"hashdist comparison: {', '.join(comparison['methods'])}", body)
+
+
+def _headline(comparison: dict) -> str:
+    """The leader and how sure: its mAP with the tie interval, and whether tie-breaking can change the order."""
+    leader = comparison["ranking"][0]
+    worst, expected, best = map_interval(comparison["methods"][leader])
+    ties = comparison["map_order_depends_on_ties"]
+    sure = (f"tie-breaking can reorder {len(ties)} pair{'s' if len(ties) != 1 else ''} of methods "
+            f"({html.escape(', '.join(ties))})" if ties else "no tie-breaking rule can change the order by mAP")
+    return (f"<section class='headline'><p class='lead'><b>{html.escape(leader)}</b> leads with mAP "
+            f"<b>{fmt(expected)}</b> (any tie order: {fmt(worst)} to {fmt(best)}); {sure}.</p></section>")
+
+
+def _provenance(comparison: dict) -> str:
+    """When and with what the comparison was made, its parameters, and each dataset's fingerprint."""
+    made = comparison.get("provenance") or {}
+    packages = ", ".join(f"{name} {v}" for name, v in (made.get("packages") or {}).items() if v)
+    rows = [["created", str(made.get("created", "n/a"))], ["hashdist commit", str(made.get("hashdist_commit"))],
+            ["packages", packages or "n/a"],
+            *([f"parameter {k}", json.dumps(v)] for k, v in comparison["parameters"].items()),
+            *([f"dataset {name}" + (f" run {t}" if n_runs(comparison) > 1 else ""),
+               f"{run['dataset']} ({run['fingerprint']})"]
+              for name, m in comparison["methods"].items() for t, run in enumerate(runs_of(m)))]
+    return "<h2>Provenance</h2>" + html_table("Provenance", ["what", "value"], rows, "provenance")
 
 
 # -- tables for papers ----------------------------------------------------------------

@@ -58,14 +58,16 @@ def source_commit() -> str | None:
         return None
 
 
+def run_provenance() -> dict:
+    """When and with what a document was made: the UTC time, the packages' versions and hashdist's commit."""
+    return {"created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "packages": {name: _version(name) for name in _PACKAGES}, "hashdist_commit": source_commit()}
+
+
 def provenance(dataset_fingerprint: str, parameters: dict) -> dict:
-    return {
-        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "dataset_fingerprint": dataset_fingerprint,
-        "parameters": parameters,
-        "packages": {name: _version(name) for name in _PACKAGES},
-        "hashdist_commit": source_commit(),
-    }
+    made = run_provenance()
+    return {"created": made["created"], "dataset_fingerprint": dataset_fingerprint, "parameters": parameters,
+            "packages": made["packages"], "hashdist_commit": made["hashdist_commit"]}
 
 
 def json_safe(x):

@@ -112,8 +112,8 @@ def html_table(caption: str, header: list[str], rows: list[list[str]], table_id:
     ident = f' id="{html.escape(table_id)}"' if table_id else ""
     head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
     body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>" for row in rows)
-    return f"<table{ident}><caption>{html.escape(caption)}</caption><thead><tr>{head}</tr></thead>" \
-           f"<tbody>{body}</tbody></table>"
+    return f"<div class='scroll'><table{ident}><caption>{html.escape(caption)}</caption><thead><tr>{head}</tr>" \
+           f"</thead><tbody>{body}</tbody></table></div>"  # a table wider than the page scrolls in its box
 
 
 def html_definitions(terms: list[tuple[str, str]]) -> str:
@@ -151,7 +151,8 @@ _STYLE = (
     ".headline{background:#f6f8fa;border:1px solid #d0d7de;border-radius:6px;padding:4px 16px;margin:8px 0 16px}"
     ".lead{font-size:18px}.measures{columns:2 260px;font-size:14px}"
     "#provenance td{text-align:left;overflow-wrap:anywhere}"
-    "@media (max-width:600px){table{display:block;overflow-x:auto}figure{max-width:100%;margin:8px 0}}"
+    ".scroll{overflow-x:auto;max-width:100%}"
+    "@media (max-width:600px){figure{max-width:100%;margin:8px 0}}"
 )
 
 

@@ -104,21 +104,26 @@ def render_history_html(trend: dict) -> str:
     rows = trend["runs"]
     paths = sorted({r["dataset"]["path"] for r in rows})
     p = trend["parameters"]
-    head = (f"<h1>hashdist history</h1><p>History <code>{html.escape(trend['history'])}</code>: {len(rows)} runs of "
+    name = Path(str(trend["history"]).rstrip("/")).name or "history"
+    head = (f"<h1>hashdist history: {html.escape(name)}</h1><p>History <code>{html.escape(trend['history'])}</code>: "
+            f"{len(rows)} runs of "
             + ", ".join(f"<code>{html.escape(str(x))}</code>" for x in paths)
             + f". Each run is paired with the run before it on the queries both evaluated (the same query set and "
             f"settings; otherwise not comparable): a significant drop is a two-sided sign-flip randomisation p-value "
             f"below {p['alpha']:g} with a lower mean AP.</p>")
     if not rows:
-        return page("hashdist history", head)
-    latest = f"<p id='latest'>Latest: {html.escape(trend['verdict']['message'])}</p>"
+        return page(f"hashdist history: {name}", head)
+    m = rows[-1]["metrics"]["map"]
+    latest = (f"<section class='headline'><p class='lead'>Latest run: mAP <b>{m['expected']:.4f}</b> (any tie order: "
+              f"{m['worst']:.4f} to {m['best']:.4f})</p><p id='latest'>Latest: "
+              f"{html.escape(trend['verdict']['message'])}</p></section>")
     caption = ("mAP of each run, expected over all orders of items tied at one distance (line), with its tie "
                "interval from the worst to the best tie order (band and bars); red circles: runs whose AP dropped "
                "significantly against the run before; dashed lines: the query set or settings changed, so the runs "
                "on either side are not compared.")
     figure = html_figure("map-trend", plot_map(trend), caption)
     table = html_table(*trend_table(trend), table_id="runs")
-    return page("hashdist history", f"{head}{latest}{figure}{table}")
+    return page(f"hashdist history: {name}", f"{head}{latest}{figure}{table}")
 
 
 def write_history_html(path, trend: dict) -> Path:

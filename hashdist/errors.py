@@ -1,15 +1,31 @@
-"""The one error type users see: bad input, reported as one line with exit status 2; and the checks of
-options that raise it."""
+"""The one error type users see: bad input (or an output the system cannot take), reported as one line with
+exit status 2; and the checks of options that raise it."""
 
+import errno
 import json
 import math
 import numbers
 
 
 class InputError(ValueError):
-    """Malformed user input. The message names the file or option and the problem."""
+    """Malformed user input. The message names the file or option and the problem.
+
+    Also an output the system cannot take (:func:`write_failed`: the disk is full, a quota is exceeded, the
+    filesystem is read-only, no permission): one line naming the output, like bad input, never retried by the
+    flows, and what was being written is removed first. One class (not a subclass), so everything that recognises
+    bad input by its class name (the flows' filter of Prefect's log lines) recognises it too."""
 
     exit_status = 2
+
+
+# what the system says when the device cannot take an output (whatever the output's content)
+NO_ROOM = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS})
+
+
+def write_failed(exc: OSError, output, doing: str, outcome: str) -> InputError:
+    """``exc``, raised while ``doing`` (e.g. "while writing it") into ``output``, as one line: ``output``, the
+    system's reason, and ``outcome`` (what is left)."""
+    return InputError(f"{output}: {exc.strerror or type(exc).__name__} {doing}; {outcome}")
 
 
 def is_integer(value) -> bool:

@@ -40,9 +40,11 @@ a drop larger than ``min_drop`` (default 0: any significant drop).
 
 Appending is atomic: the run's group is built in a hidden temporary sibling inside ``runs/`` and
 renamed into place (a new store is built whole and renamed), so a crashed append leaves the store
-as it was, readable (readers skip hidden entries; the next append removes the leftover). Writers
-take hashdist's advisory lock next to the store (:func:`hashdist.data.atomic.exclusive`), waiting up to
-``wait`` seconds for another writer; readers need no lock.
+as it was, readable (readers skip hidden entries; the next append removes the leftover). An append
+that cannot be written (a full disk) removes its staging directory and is an InputError naming the
+store (one line, exit status 2). Writers take hashdist's advisory lock next to the store
+(:func:`hashdist.data.atomic.exclusive`), waiting up to ``wait`` seconds for another writer; readers
+need no lock.
 
 Library functions only, no Prefect: :func:`append_run`, :func:`load_history`,
 :func:`compare_with_previous`, :func:`record` (append, then compare with the run before) and
@@ -55,7 +57,6 @@ import json
 import math
 import os
 import shutil
-import time
 import uuid
 from contextlib import ExitStack
 from datetime import datetime, timezone
@@ -65,7 +66,7 @@ import numpy as np
 
 from hashdist.data.atomic import exclusive, temporary_sibling
 from hashdist.defaults import DEFAULT_ALPHA, DEFAULT_PERMUTATIONS, DEFAULT_SEED
-from hashdist.errors import InputError, check_integer
+from hashdist.errors import InputError, check_integer, write_failed
 from hashdist.metrics.registry import AP_EXPECTED, headline_rows
 
 FORMAT = "hashdist-history"
@@ -227,17 +228,10 @@ def _new_store(path: Path) -> None:
 
 
 def _hold_lock(stack: ExitStack, path: Path, wait: float) -> None:
-    """Take the store's writer lock, waiting up to ``wait`` seconds for another writer."""
-    deadline = time.monotonic() + wait
-    while True:
-        try:
-            stack.enter_context(exclusive(path))
-            return
-        except InputError:
-            if time.monotonic() >= deadline:
-                raise InputError(f"{path}: another hashdist run has been appending to this history for "
-                                 f"{wait:g} s") from None
-            time.sleep(0.2)
+    """Take the store's writer lock, waiting up to ``wait`` seconds for another writer (a lock file that cannot be
+    made, as on a read-only filesystem, is refused at once)."""
+    stack.enter_context(exclusive(path, wait=wait, busy=f"{path}: another hashdist run has been appending to this "
+                                                        f"history for {wait:g} s"))
 
 
 def append_run(history_dir, evaluation, when=None, *, wait: float = 60.0) -> dict:
@@ -261,8 +255,10 @@ def append_run(history_dir, evaluation, when=None, *, wait: float = 60.0) -> dic
                 if path.exists():
                     path.rmdir()  # an empty directory (checked above)
                 os.rename(tmp, path)
-            except BaseException:
+            except BaseException as exc:
                 shutil.rmtree(tmp, ignore_errors=True)
+                if isinstance(exc, OSError):
+                    raise write_failed(exc, path, "while creating the history", "no history was created") from exc
                 raise
             return entry
         runs = path / "runs"
@@ -274,8 +270,11 @@ def append_run(history_dir, evaluation, when=None, *, wait: float = 60.0) -> dic
         try:
             _write_run(tmp, entry, arrays)
             os.rename(tmp, final)
-        except BaseException:
+        except BaseException as exc:
             shutil.rmtree(tmp, ignore_errors=True)
+            if isinstance(exc, OSError):
+                raise write_failed(exc, path, "while appending this run",
+                                   "the run was not recorded, the history's earlier runs are unchanged") from exc
             raise
     return entry
 

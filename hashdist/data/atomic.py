@@ -11,12 +11,13 @@ import fcntl
 import os
 import shutil
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
-from hashdist.errors import InputError
+from hashdist.errors import NO_ROOM, InputError, write_failed
 
 _held: set[Path] = set()  # lock files this process holds (a nested writer of the same output reuses the lock)
 _held_guard = threading.Lock()
@@ -54,9 +55,31 @@ def replace_directory(tmp: Path, final: Path) -> None:
         os.rename(tmp, final)
 
 
+def _locked_handle(target: Path, lock_path: Path, created: list[Path], wait: float, busy: str | None):
+    """``lock_path`` open and locked, waiting up to ``wait`` seconds while another run holds it (then the InputError
+    ``busy``); a lock file that cannot be made is an InputError at once (waiting would not help)."""
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            handle = open(lock_path, "w")
+        except OSError as exc:  # a file where a directory should be, no permission, a read-only filesystem
+            _remove_new(created)
+            raise InputError(f"{target}: cannot write there ({exc.strerror}: {exc.filename})") from None
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return handle
+        except BlockingIOError:
+            handle.close()
+            if time.monotonic() >= deadline:
+                raise InputError(busy or f"{target}: another hashdist run is writing this output now") from None
+        time.sleep(0.2)
+
+
 @contextmanager
-def exclusive(target) -> Iterator[None]:
-    """Hold an advisory lock next to ``target`` for the duration; refuse if another run holds it.
+def exclusive(target, *, wait: float = 0.0, busy: str | None = None) -> Iterator[None]:
+    """Hold an advisory lock next to ``target`` for the duration; refuse if another run holds it (after waiting
+    up to ``wait`` seconds for it to finish; ``busy``: the refusal's message).
 
     Re-entrant within one process: a writer nested in a run that already holds the lock
     (the CLI holds it for the whole run, the report writer again) proceeds.
@@ -70,17 +93,7 @@ def exclusive(target) -> Iterator[None]:
         return
     created = [d for d in (target.parent, *target.parent.parents) if not d.exists()]  # deepest first
     new_lock = not lock_path.exists()
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        handle = open(lock_path, "w")
-    except OSError as exc:  # a file where a directory should be, no permission
-        _remove_new(created)
-        raise InputError(f"{target}: cannot write there ({exc.strerror}: {exc.filename})") from None
-    with handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise InputError(f"{target}: another hashdist run is writing this output now") from None
+    with _locked_handle(target, lock_path, created, wait, busy) as handle:
         with _held_guard:
             _held.add(lock_path)
         try:
@@ -106,21 +119,27 @@ def _remove_new(paths) -> None:
             return
 
 
+_KEPT = "nothing was written (an earlier version stays as it was)"
+
+
 @contextmanager
 def staged_directory(final, *, lock: bool = True) -> Iterator[Path]:
     """Lock ``final``, yield a fresh temporary sibling to build it in, then rename it into place.
 
-    If the body raises, the temporary directory is removed and ``final`` is untouched. ``lock=False``
-    for a directory inside an output whose lock the caller holds (a dataset's ground truth).
+    If the body raises, the temporary directory is removed and ``final`` is untouched; a device that cannot take
+    the output (full, over quota, read-only: :data:`~hashdist.errors.NO_ROOM`) is then an InputError naming
+    ``final``. ``lock=False`` for a directory inside an output whose lock the caller holds (a dataset's ground truth).
     """
     final = Path(final)
     with exclusive(final) if lock else nullcontext():
-        final.parent.mkdir(parents=True, exist_ok=True)
         tmp = temporary_sibling(final)
-        tmp.mkdir()
         try:
+            final.parent.mkdir(parents=True, exist_ok=True)
+            tmp.mkdir()
             yield tmp
             replace_directory(tmp, final)
-        except BaseException:
+        except BaseException as exc:
             shutil.rmtree(tmp, ignore_errors=True)
+            if isinstance(exc, OSError) and exc.errno in NO_ROOM:
+                raise write_failed(exc, final, "while writing it", _KEPT) from exc
             raise

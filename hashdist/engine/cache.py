@@ -2,12 +2,19 @@
 
 Keys are SHA-256 digests of everything a result depends on (row fingerprints,
 parameters, kernel version), so an entry can never be stale. Each file carries a
-digest of its own arrays; a file that is unreadable or fails the check is
-treated as missing (and recomputed), never trusted. Nothing is unpickled.
+digest of its key and its arrays; a file that is unreadable or fails the check
+(truncated, altered, or another key's entry under this name) is treated as
+missing (and recomputed), never trusted. Nothing is unpickled.
+
+Entries are written to a hidden temporary file and renamed into place, so runs
+sharing a cache (each writing the same keys) never see half an entry. A write
+that fails (a full disk, no permission) removes its temporary file and stops
+the run with one line naming the cache (an InputError, exit status 2).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import uuid
@@ -16,11 +23,11 @@ from pathlib import Path
 import numpy as np
 
 from hashdist.defaults import default_cache_dir
-from hashdist.errors import InputError
+from hashdist.errors import InputError, write_failed
 
 
-def _digest(arrays: dict[str, np.ndarray]) -> str:
-    h = hashlib.sha256()
+def _digest(key: str, arrays: dict[str, np.ndarray]) -> str:
+    h = hashlib.sha256(f"{key}\n".encode())  # bound to its key: an entry under another key's name is not trusted
     for name in sorted(arrays):
         a = np.ascontiguousarray(arrays[name])
         h.update(f"{name}:{a.dtype.str}:{a.shape}".encode())
@@ -53,7 +60,7 @@ class BlockCache:
         except Exception:  # missing, truncated or not an npz: a miss
             return None
         stored = arrays.pop("__digest__", None)
-        if stored is None or str(stored) != _digest(arrays):
+        if stored is None or str(stored) != _digest(key, arrays):
             return None
         return arrays
 
@@ -61,11 +68,17 @@ class BlockCache:
         if self.directory is None:
             return
         path = self._path(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-        with open(tmp, "wb") as f:
-            np.savez(f, __digest__=np.array(_digest(arrays)), **arrays)
-        os.replace(tmp, path)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(tmp, "wb") as f:
+                np.savez(f, __digest__=np.array(_digest(key, arrays)), **arrays)
+            os.replace(tmp, path)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
+            raise write_failed(exc, f"cache {self.directory}", "while storing a block result",
+                               "its complete entries stay valid (free space, or run with --no-cache)") from exc
 
 
 def resolve_cache(cache) -> BlockCache:

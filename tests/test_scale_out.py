@@ -66,6 +66,7 @@ def test_code_counts_in_passes_count_every_row_once(class_dataset):
     from hashdist.data.dataset import open_dataset
     from hashdist.engine.compute import count_codes
     from hashdist.engine.plan import code_passes, for_threads
+    from hashdist.kernels.codecounts import merge_code_counts
 
     _, _, plan, _ = prepare(class_dataset, db_block_rows=500, code_parts=7)
     plan = for_threads(plan, 1)
@@ -76,7 +77,8 @@ def test_code_counts_in_passes_count_every_row_once(class_dataset):
         counted = count_codes(plan, plan.count_blocks, parts)
         assert set(counted.pieces) == set(parts)
         assert isinstance(counted.bit_ones, np.ndarray) == (parts.start == 0)
-        for piece_codes, piece_counts in (pieces[0] for pieces in counted.pieces.values() if pieces):
+        # a piece per block and part; merged per part, the parts hold every distinct code once
+        for piece_codes, piece_counts in (merge_code_counts(pieces) for pieces in counted.pieces.values() if pieces):
             for code, count in zip(piece_codes[:, 0].tolist(), piece_counts.tolist(), strict=True):
                 assert code not in got
                 got[code] = count

@@ -14,7 +14,7 @@ from hashdist.engine.blocks import Block
 from hashdist.engine.cache import BlockCache
 from hashdist.engine.plan import Plan
 from hashdist.kernels.binned import binned_histogram_block
-from hashdist.kernels.codecounts import code_counts, merge_code_counts, split_by_code_hash
+from hashdist.kernels.codecounts import code_counts, split_by_code_hash
 from hashdist.kernels.codeusage import bit_ones_block
 from hashdist.kernels.collapse import auto_histogram_block, should_collapse
 from hashdist.kernels.hashtable import hashtable_counts
@@ -74,21 +74,16 @@ def cached_histogram(plan: Plan, block: Block, cache: BlockCache, ds: Dataset | 
 
 @dataclass
 class CodePieces:
-    """Distinct codes with counts of some database rows for the code parts of one pass (pieces per part),
-    and with the first pass, how many of those rows have each bit set. Mergeable like Partials."""
+    """Distinct codes with counts of some database rows for the code parts of one pass (a piece per database
+    block and part, merged only when the part is: a group of blocks never holds its codes twice), and with the
+    first pass, how many of those rows have each bit set."""
 
     pieces: dict[int, list[tuple[np.ndarray, np.ndarray]]] = field(default_factory=dict)
     bit_ones: np.ndarray | int = 0
 
-    def merge(self, other: CodePieces) -> CodePieces:
-        for p, pieces in other.pieces.items():
-            self.pieces.setdefault(p, []).extend(pieces)
-        self.bit_ones = self.bit_ones + other.bit_ones
-        return self
-
 
 def count_codes(plan: Plan, blocks, parts: range, ds: Dataset | None = None) -> CodePieces:
-    """The distinct codes of these database blocks that fall in code parts ``parts``, one merged piece per part.
+    """The distinct codes of these database blocks that fall in code parts ``parts``, a piece per block and part.
 
     Rows are sorted into parts by hash first, so only a pass's share of each block is counted: the
     passes together count every row once, each reading the codes again (cheap against the histograms).
@@ -105,7 +100,6 @@ def count_codes(plan: Plan, blocks, parts: range, ds: Dataset | None = None) -> 
         by_part = split_by_code_hash(codes, counts, plan.code_parts)[parts.start : parts.stop]
         for p, piece in zip(parts, by_part, strict=True):
             result.pieces[p].append(piece)
-    result.pieces = {p: [merge_code_counts(pieces)] if pieces else [] for p, pieces in result.pieces.items()}
     return result
 
 

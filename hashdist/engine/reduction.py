@@ -62,9 +62,10 @@ class CodePart:
                                  self.slots if search else None, shells)
 
 
-def code_part(plan: Plan, pieces) -> CodePart:
-    """A code part from its pieces (one per share or per database block; None for a share without any)."""
-    pieces = [piece for piece in pieces if piece is not None]
+def code_part(plan: Plan, groups) -> CodePart:
+    """A code part from its pieces: a list of pieces per group of database blocks (each piece a block's distinct
+    codes in the part), merged here, once."""
+    pieces = [piece for group in groups for piece in group]
     if pieces:
         codes, counts = merge_code_counts(pieces)
     else:
@@ -114,10 +115,9 @@ def assemble(plan: Plan, params: MetricParams, item_values, part_sizes, bit_ones
     return RunResult(metrics, queries, per_query, sizes, usage, blocks)
 
 
-def piece_of(counted: CodePieces, part: int):
-    """A group's merged piece of one code part (None when the group had no code in it)."""
-    pieces = counted.pieces.get(part)
-    return pieces[0] if pieces else None
+def pieces_of(counted: CodePieces, part: int) -> list:
+    """A group's pieces of one code part (none when the group had no code in it)."""
+    return counted.pieces.get(part, [])
 
 
 def bit_ones_of(counted: CodePieces):
@@ -154,7 +154,7 @@ def reduce_blocks(executor, plan: Plan, params: MetricParams, item_parts: list[l
         if parts.start == 0:
             bit_ones = [executor.submit(bit_ones_of, c) for c in counted]
         for p in parts:
-            part = executor.submit(code_part, plan, [executor.submit(piece_of, c, p) for c in counted])
+            part = executor.submit(code_part, plan, [executor.submit(pieces_of, c, p) for c in counted])
             for i, (_, start, stop) in enumerate(items):
                 found[i].append(executor.submit(part_max_buckets, plan, part, start, stop, shells[i], ds))
             sizes.append(executor.submit(part_bucket_sizes, part))

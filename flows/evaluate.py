@@ -15,7 +15,7 @@ is taken apart on its worker (sums per metric item, tallies), each metric item's
 partial histograms are summed in a tree, and per-query metrics are computed beside
 the sums. The database's distinct codes are counted in passes of a few code parts
 (a group of database blocks per cluster thread and pass: in the first pass with a
-share, in later ones as a ``code-counts`` task): each part is merged from its
+share, in later ones as a plain Dask task): each part is merged from its
 pieces on one worker and searched for M_k there, and a pass starts when the one
 before has finished, so no process holds every distinct code and memory does not
 grow with the database. Only per-query values (O(Q)) and small tallies reach the
@@ -186,18 +186,21 @@ class DaskExecutor:
 
 def reduce_on_cluster(client, plan, params, picks: list[SharePicks], threads: int, first_counts: list) -> RunResult:
     """:func:`hashdist.engine.reduction.reduce_blocks` on the workers, over the shares' picks and the code counts
-    (``first_counts``: the first pass's, submitted with the histogram tasks; later passes as ``code-counts``
-    tasks). Only per-query values and tallies are gathered here. The plan and parameters (a few KB) travel inside
-    the tasks: scattered data cannot be recomputed, and a broadcast scatter waits forever for a worker that died
-    meanwhile."""
+    (``first_counts``: the first pass's, submitted with the histogram tasks; later passes as plain Dask tasks).
+    Only per-query values and tallies are gathered here. The plan and parameters (a few KB) travel inside the
+    tasks: scattered data cannot be recomputed, and a broadcast scatter waits forever for a worker that died
+    meanwhile.
+    """
     item_parts = [[share.sums[i] for share in picks if i in share.sums] for i in range(len(metric_items(plan)))]
 
     def count_pass(parts):
+        """The first pass: the counts submitted with the histograms, handed over (not kept here); later passes as
+        plain Dask tasks beside the rest of the reduction (a Prefect task's state held its codes to the run's
+        end, so memory grew with the passes)."""
         if parts.start == 0:
-            return first_counts
-        states = [count_task.submit(plan, group, parts).wrapped_future for group in count_shares(plan, threads)]
-        _raise_failures(client, states)
-        return [client.submit(_counts, state) for state in states]
+            handed, first_counts[:] = list(first_counts), []
+            return handed
+        return [client.submit(count_codes, plan, group, parts) for group in count_shares(plan, threads)]
 
     return reduce_blocks(DaskExecutor(client), plan, params, item_parts, [share.tallies for share in picks],
                          count_pass)
@@ -262,7 +265,8 @@ def _compute(run: PreparedRun, cache_arg, progress: bool, t_start: float):
             pairs_done += sum(block.pairs for block in shares[i])
             advance(bar, len(shares[i]), pairs_done, t_start)
         _raise_failures(client, later_groups)
-        first_counts = [share_counts[i] for i in range(paired)] + [client.submit(_counts, s) for s in later_groups]
+        first_counts = [share_counts.pop(i) for i in range(paired)] + [client.submit(_counts, s) for s in later_groups]
+        state = later_groups = None  # the first pass's codes are referenced by first_counts alone, until counted
         t_compute = time.time()
         result = reduce_on_cluster(client, plan, run.params, picks, threads, first_counts)
     return result, plan, threads, t_compute

@@ -140,9 +140,10 @@ def reduce_blocks(executor, plan: Plan, params: MetricParams, item_parts: list[l
                   ds: Dataset | None = None) -> RunResult:
     """The RunResult from each metric item's partial sums (``item_parts[i]``: handles of dicts of arrays) and the
     shares' tallies, one pass of code parts at a time. ``count_pass(parts)`` gives the handles of one pass's
-    CodePieces (one per group of database blocks). ``executor``: ``submit(function, *args)`` returning a handle
-    (arguments may be handles, or lists of them), ``wait(handles)`` and ``gather(nested handles)``. ``plan``
-    comes from :func:`hashdist.engine.plan.for_threads`. Records reduce_s (sums, code parts, M_k) and metrics_s.
+    CodePieces (one per group of database blocks), and keeps no reference to them. ``executor``:
+    ``submit(function, *args)`` returning a handle (arguments may be handles, or lists of them),
+    ``wait(handles)`` and ``gather(nested handles)``. ``plan`` comes from
+    :func:`hashdist.engine.plan.for_threads`. Records reduce_s (sums, code parts, M_k) and metrics_s.
     """
     t0 = time.perf_counter()
     items = metric_items(plan)
@@ -159,6 +160,7 @@ def reduce_blocks(executor, plan: Plan, params: MetricParams, item_parts: list[l
                 found[i].append(executor.submit(part_max_buckets, plan, part, start, stop, shells[i], ds))
             sizes.append(executor.submit(part_bucket_sizes, part))
         executor.wait([f for fs in found for f in fs[-len(parts):]] + sizes[-len(parts):])  # this pass is done
+        counted = part = None  # its codes go before the next pass counts: one pass's codes held at a time
     M = [tree(executor, np.maximum, fs) for fs in found]
     t1 = time.perf_counter()
     precompile.join()  # a first run: the measures compile on two cores

@@ -1,16 +1,17 @@
 """The main job: a Prefect 3 flow that evaluates a dataset on a Dask cluster.
 
-Thin orchestration over ``hashdist.engine.run``. The plan's blocks are the unit of
+Thin orchestration over ``hashdist.engine``. The plan's blocks are the unit of
 caching; Prefect tasks take runs of them, because each Prefect task run costs about
 0.1 s of CPU (submission in the flow process, context and API clients on the
 worker): one histogram task per cluster thread (more for very large runs), each
 reading its own Zarr rows on the worker and returning partial histograms summed
-per query block (``hashdist.engine.Partials``). Each histogram share also takes
+per query block (``hashdist.engine.compute.Partials``). Each histogram share also takes
 a group of the first pass of code counts along, while there are groups (one per
 cluster thread), in the same task.
 
-Those results stay on the workers, and the reduction runs there too, as plain Dask
-tasks over the same library functions ``--engine local`` uses: each finished share
+Those results stay on the workers, and the reduction runs there too: the recipe
+``hashdist.engine.reduction.reduce_blocks`` that ``--engine local`` runs on threads,
+here on a Dask executor (plain Dask tasks on the workers): each finished share
 is taken apart on its worker (sums per metric item, tallies), each metric item's
 partial histograms are summed in a tree, and per-query metrics are computed beside
 the sums. The database's distinct codes are counted in passes of a few code parts
@@ -19,7 +20,7 @@ share, in later ones as a plain Dask task): each part is merged from its
 pieces on one worker and searched for M_k there, and a pass starts when the one
 before has finished, so no process holds every distinct code and memory does not
 grow with the database. Only per-query values (O(Q)) and small tallies reach the
-flow process, which finishes the report with ``hashdist.engine.assemble``. Sums are
+flow process, which finishes the report (``hashdist.engine.reduction.assemble``). Sums are
 exact integers and M_k a maximum, so the result is bit-identical to
 ``--engine local`` whatever the cluster's shape. Block results are cached by content
 in a ``BlockCache`` directory (shared storage on a cluster).

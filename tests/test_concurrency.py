@@ -49,17 +49,22 @@ def reference(dataset, tmp_path_factory):
     return json.loads((out / "report.json").read_text())["metrics"]
 
 
+def release_together(procs) -> None:
+    """Wait until every process has loaded what it needs (it prints "ready"), then let all of them go at once."""
+    for p in procs:
+        assert p.stdout.readline().strip() == "ready", p.stderr.read()
+    for p in procs:
+        p.stdin.write("go\n")
+        p.stdin.flush()
+
+
 def run_together(*argvs, timeout=120) -> list[subprocess.CompletedProcess]:
     """Run ``hashdist ARGV`` for each argv at the same moment (each process loads the CLI first, then all are
     released at once); their completed processes, in order."""
     procs = [subprocess.Popen([sys.executable, "-c", STARTER, *map(str, argv)], stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for argv in argvs]
     try:
-        for p in procs:
-            assert p.stdout.readline().strip() == "ready", p.stderr.read()
-        for p in procs:
-            p.stdin.write("go\n")
-            p.stdin.flush()
+        release_together(procs)
         results = []
         for p, argv in zip(procs, argvs, strict=True):
             out, err = p.communicate(timeout=timeout)
@@ -216,11 +221,7 @@ def test_many_appends_at_once_lose_nothing(dataset, reference, tmp_path):
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for _ in range(3)]
     try:
-        for p in procs:
-            assert p.stdout.readline().strip() == "ready", p.stderr.read()
-        for p in procs:
-            p.stdin.write("go\n")
-            p.stdin.flush()
+        release_together(procs)
         ids = []
         for p in procs:
             out, err = p.communicate(timeout=120)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -48,25 +47,11 @@ def _grades(kind, query_labels, db_labels):
     return (query_labels[:, None, :] & db_labels[None, :, :]).sum(axis=2).astype(np.int64)
 
 
-def _auc_of_list(gr):
-    """AUC of one concrete ranked list: the share of (relevant, irrelevant) pairs with the relevant first."""
-    n_irr, n_rel = sum(1 for g in gr if g < 1), sum(1 for g in gr if g >= 1)
-    if n_rel == 0 or n_irr == 0:
-        return None
-    correct, irrelevant_after = 0, n_irr
-    for g in gr:
-        if g >= 1:
-            correct += irrelevant_after
-        else:
-            irrelevant_after -= 1
-    return Fraction(correct, n_rel * n_irr)
-
-
 def _true_values(dist_row, grade_row, rng, radii):
     """Every checked metric of the ranking by the real distance (random tie-break among equal values)."""
     order = np.lexsort((rng.random(len(dist_row)), dist_row))
     gr = [int(g) for g in grade_row[order]]
-    values = {"ap": ref.LIST_METRICS["ap"](gr), "auc": _auc_of_list(gr)}
+    values = {"ap": ref.LIST_METRICS["ap"](gr), "auc": ref.auc_list(gr)}
     for k in KS:
         for normaliser in ref.NORMALISERS:
             values[f"ap_at_k/{k}/{normaliser}"] = ref.LIST_METRICS["ap_at_k"](gr, k=k, normaliser=normaliser)
@@ -222,7 +207,7 @@ def test_auc_bounds_are_the_extreme_tie_orders():
         dist, grade = rng.integers(0, 4, 30), (rng.random(30) < 0.4).astype(int)
         H = ref.histogram_from_items(dist, grade, 3, 2)[None]
         for policy in ("best", "worst"):
-            want = _auc_of_list(ref.ranked_list(dist, grade, policy))
+            want = ref.auc_list(ref.ranked_list(dist, grade, policy))
             got = roc_auc(H, policy)[0]
             assert (want is None and np.isnan(got)) or got == pytest.approx(float(want), abs=1e-15)
 

@@ -26,16 +26,29 @@ from hashdist.metrics.registry import BY_KEY, POLICIES, per_query_key
 class Convention:
     name: str
     reproduces: str  # the script whose number it gives
-    normaliser: str  # AP@K normaliser (docs/metrics.md, section 4)
+    normaliser: str  # AP@K normaliser (docs/metrics.md, section 4); "" when the measure is not AP@K
     queries: str  # which queries enter the mean
+    key: str = "map_at_k"  # its values in the report: "map_at_k" ({str(K): ...}) or "map" (one, no K)
+    measure: str = ""  # what is averaged, when it is not AP@K with a normaliser
+
+    @property
+    def averaged(self) -> str:
+        """What the convention averages over its queries, in words."""
+        return self.measure or f"AP@K '{self.normaliser}'"
 
 
 CONVENTIONS: tuple[Convention, ...] = (
-    Convention("deephash", "DeepHash-pytorch CalcTopMap(topk=K)", "retrieved",
-               "every query; 0 for one with no relevant item in the top K"),
+    Convention("deephash", "DeepHash-pytorch CalcTopMap(topk=K); DJSRH/JDSH calculate_top_map(topk=K), "
+               "reported at K = 50", "retrieved", "every query; 0 for one with no relevant item in the top K"),
     Convention("hashnet", "HashNet's mean_average_precision(R=K)", "retrieved",
                "queries with a relevant item in the top K"),
     Convention("trec", "trec_eval map_cut_K, ranx map@K", "total", "queries with R > 0"),
+    Convention("dcmh", "DCMH calc_map (TensorFlow and PyTorch; SSAH, DJSRH/JDSH calculate_map, DGCPN, DSPH; "
+               "calc_map_k with k=None)", "", "every query; 0 for one with R = 0", key="map",
+               measure="AP over the whole ranking, normalised by R"),
+    Convention("dcmh_topk", "DCMH-PyTorch calc_map_k(k=K) (AGAH, DADH, torchcmh, DCHMT)", "",
+               "every query; 0 for one with R = 0",
+               measure="mean of i / rank_i over the first min(K, R) relevant items, wherever they rank"),
 )
 BY_NAME = {c.name: c for c in CONVENTIONS}
 
@@ -179,6 +192,8 @@ def conventions_report(per_query: dict[str, np.ndarray], names, ks) -> dict:
     out = {}
     for name in names:
         convention = BY_NAME[name]
+        if convention.key != "map_at_k" or not convention.normaliser:
+            raise NotImplementedError(f"convention {name!r}: being implemented")
         by_k = {}
         for k in ks:
             ap = {policy: per_query[per_query_key(measure, k, convention.normaliser, policy)] for policy in POLICIES}

@@ -57,10 +57,12 @@ from hashdist.engine.cache import resolve_cache
 from hashdist.engine.compute import CodePieces, count_codes, run_blocks
 from hashdist.engine.plan import code_passes, count_shares, for_threads, metric_items, work_shares
 from hashdist.engine.reduction import RunResult, item_sums, reduce_blocks
+from hashdist.errors import InputError
 from hashdist.metrics.registry import headline_rows
 from hashdist.options import EvaluateOptions, ExecutionOptions, PreparedRun, split_keywords
 from hashdist.progress import advance, progress_bar
 from hashdist.report.document import Evaluation, build_report
+from hashdist.report.tasks import combine_tasks
 
 # pairs one histogram task may take (a few seconds of one core): the floor on task count for huge runs
 PAIRS_PER_TASK = 2e10
@@ -99,7 +101,9 @@ def share_and_counts_task(plan, blocks, count_blocks, parts, cache_dir):
 
 
 def _publish_artifacts(report: dict) -> None:
-    rows = [{"metric": label, **values} for label, values in headline_rows(report["metrics"])]
+    per_task = report.get("tasks") or {None: report}
+    rows = [{**({"task": task} if task else {}), "metric": label, **values}
+            for task, sub in per_task.items() for label, values in headline_rows(sub["metrics"])]
     create_table_artifact(table=rows, key="hashdist-metrics",
                           description=f"hashdist metrics for {report['dataset']['path']}")
     html = (report.get("outputs") or {}).get("report_html")
@@ -224,22 +228,34 @@ def evaluate(
     with ``history``, record the run there and fail on a significant drop. ``prepared``: the key of a run that
     :func:`run_evaluation` checked in this process, so it is not checked again."""
     t_start = time.time()
-    run = taken(prepared) or options.resolve(dataset)
-    result, plan, threads, t_compute = _compute(run, resolve_cache(cache).argument, progress, t_start)
+    runs = taken(prepared) or options.resolve_tasks(dataset)
+    if history is not None and runs[0].plan.task is not None:
+        raise InputError(f"--history: not available for a dataset with modalities ({dataset})")
     started_at = started_at or t_start
-    timing = {"startup_s": t_start - started_at, "compute_s": t_compute - t_start, **result.timing, "write_s": 0.0,
-              "wall_s": time.time() - started_at}
-    engine = {"kind": "prefect-dask", "flow": "evaluate", "threads": threads, "code_parts": plan.code_parts}
-    report = build_report(run.ds, plan, run.parameters, result, timing, engine)
-    evaluation = Evaluation(report, result.per_query, result.bucket_sizes)
+    cache_arg = resolve_cache(cache).argument
+    evaluations = {run.plan.task: _evaluate_run(run, cache_arg, progress, started_at) for run in runs}
+    evaluation = evaluations.get(None) or combine_tasks(
+        evaluations, {"startup_s": t_start - started_at}, time.time() - started_at,
+        next(iter(evaluations.values())).report["engine"])
     if out is not None:
         evaluation.write(out, overwrite=overwrite, html=html, started_at=started_at)
-    _publish_artifacts(report)
+    _publish_artifacts(evaluation.report)
     if history is not None:  # append to the history store, compare with the previous run (flows/history.py)
         evaluation.verdict = verdict = watch(evaluation, history)
         if verdict["flagged"]:  # Failed, message "mAP dropped significantly: ..."; the outputs stay written
             return drop_state(verdict, evaluation)
     return evaluation
+
+
+def _evaluate_run(run: PreparedRun, cache_arg, progress: bool, started_at: float) -> Evaluation:
+    """One prepared run (a dataset's, or one task's) on the cluster: its evaluation."""
+    t_start = time.time()
+    result, plan, threads, t_compute = _compute(run, cache_arg, progress, t_start)
+    timing = {"startup_s": t_start - started_at, "compute_s": t_compute - t_start, **result.timing, "write_s": 0.0,
+              "wall_s": time.time() - started_at}
+    engine = {"kind": "prefect-dask", "flow": "evaluate", "threads": threads, "code_parts": plan.code_parts}
+    report = build_report(run.ds, plan, run.parameters, result, timing, engine)
+    return Evaluation(report, result.per_query, result.bucket_sizes)
 
 
 def _compute(run: PreparedRun, cache_arg, progress: bool, t_start: float):
@@ -275,10 +291,11 @@ def _compute(run: PreparedRun, cache_arg, progress: bool, t_start: float):
 
 def run_evaluation(dataset, *, out=None, overwrite: bool = False, html: bool = True, history=None,
                    options: EvaluateOptions | None = None, execution: ExecutionOptions | None = None,
-                   prepared: PreparedRun | None = None, started_at: float | None = None, **keywords) -> Evaluation:
+                   prepared: tuple[PreparedRun, ...] | None = None, started_at: float | None = None,
+                   **keywords) -> Evaluation:
     """Check the inputs here (bad input fails before any cluster starts), then run the flow on the cluster that
     ``execution`` names. ``options`` / ``execution``: the objects, or their fields as keywords (k=, threads=,
-    cache=, ...). ``prepared``: the run already checked by the caller (the CLI), not checked again."""
+    cache=, ...). ``prepared``: the runs (one per task) already checked by the caller (the CLI), not checked again."""
     started_at = started_at or time.time()
     evaluate_keywords, execution_keywords = split_keywords("run_evaluation", keywords, EvaluateOptions,
                                                            ExecutionOptions)
@@ -288,7 +305,7 @@ def run_evaluation(dataset, *, out=None, overwrite: bool = False, html: bool = T
         from hashdist.compare.history import check_history_dir
 
         check_history_dir(history)  # a path that is not a history store fails here, before the run
-    with handed_over(prepared or options.resolve(dataset)) as key, \
+    with handed_over(prepared or options.resolve_tasks(dataset)) as key, \
             api_for_workers(execution.address, execution.cluster_class, execution.cluster_kwargs):
         return evaluate.with_options(task_runner=task_runner(**execution.cluster))(
             dataset=str(dataset), options=options, out=None if out is None else str(out), overwrite=overwrite,

@@ -17,9 +17,10 @@ from hashdist.progress import advance, progress_bar
 from hashdist.report.comparison import write_comparison
 from hashdist.report.document import Evaluation, build_report
 from hashdist.report.evaluation import run_provenance
+from hashdist.report.tasks import combine_tasks
 
 __all__ = ["Evaluation", "compare", "evaluate", "evaluate_local", "groundtruth_local", "options_of", "prepare",
-           "run_compare"]
+           "run_compare", "evaluate_runs"]
 
 
 def options_of(function: str, options, keywords: dict, cls=EvaluateOptions):
@@ -31,10 +32,11 @@ def options_of(function: str, options, keywords: dict, cls=EvaluateOptions):
     return options if options is not None else cls(**keywords)
 
 
-def prepare(dataset, options: EvaluateOptions | None = None, **keywords) -> PreparedRun:
-    """The dataset opened and checked with the options, and its blocks planned: ``(ds, params, plan,
-    parameters)`` (:meth:`hashdist.options.EvaluateOptions.resolve`)."""
-    return options_of("prepare", options, keywords).resolve(dataset)
+def prepare(dataset, options: EvaluateOptions | None = None, **keywords) -> tuple[PreparedRun, ...]:
+    """The dataset opened and checked with the options, and its blocks planned: a ``(ds, params, plan,
+    parameters)`` per task (one for a dataset without modalities;
+    :meth:`hashdist.options.EvaluateOptions.resolve_tasks`)."""
+    return options_of("prepare", options, keywords).resolve_tasks(dataset)
 
 
 def evaluate_local(dataset, *, cache=None, threads: int | None = None, progress: bool = False,
@@ -44,8 +46,19 @@ def evaluate_local(dataset, *, cache=None, threads: int | None = None, progress:
     t0 = time.time()
     if threads is not None and (not is_integer(threads) or threads < 1):
         raise InputError(f"--threads / threads=: expected a positive integer or None, got {threads!r}")
-    ds, params, plan, parameters = prepare(dataset, options_of("evaluate_local", options, keywords))
-    return evaluate_prepared(PreparedRun(ds, params, plan, parameters), cache, threads, progress, t0)
+    runs = prepare(dataset, options_of("evaluate_local", options, keywords))
+    return evaluate_runs(runs, cache, threads, progress, t0)
+
+
+def evaluate_runs(runs: tuple[PreparedRun, ...], cache, threads: int | None, progress: bool, t0: float
+                  ) -> Evaluation:
+    """Prepared runs in this process: the one run of a dataset without modalities, or each task's, combined into
+    the report of a run over tasks (:mod:`hashdist.report.tasks`)."""
+    if runs[0].plan.task is None:
+        return evaluate_prepared(runs[0], cache, threads, progress, t0)
+    evaluations = {run.plan.task: evaluate_prepared(run, cache, threads, progress, time.time()) for run in runs}
+    first = next(iter(evaluations.values())).report
+    return combine_tasks(evaluations, {"startup_s": 0.0}, time.time() - t0, first["engine"])
 
 
 def evaluate_prepared(run: PreparedRun, cache, threads: int | None, progress: bool, t0: float) -> Evaluation:

@@ -31,7 +31,7 @@ from hashdist.data.bits import (
     pack_label_block,
 )
 from hashdist.data.dataset import MAX_NBITS, DatasetWriter
-from hashdist.data.ingest import check_relevant
+from hashdist.data.ingest import check_modality_name, check_relevant
 from hashdist.data.inputs import check_scores
 from hashdist.defaults import DEFAULT_CHUNK_ROWS, DEFAULT_QUERY_CHUNK_ROWS
 from hashdist.errors import InputError, is_integer
@@ -53,10 +53,11 @@ def as_numpy(x, name: str) -> np.ndarray:
 
 
 class _Part:
-    """The packed rows of one side (database or queries): code words, labels and their kinds."""
+    """The packed rows of one side (database or queries): code words (per modality: None for codes without
+    modalities), labels and their kinds."""
 
     def __init__(self):
-        self.words: list[np.ndarray] = []
+        self.words: dict[str | None, list[np.ndarray]] = {}
         self.labels: list[np.ndarray] = []
         self.rows = 0
         self.values: set = set()  # code values seen, to refuse a mix of {0,1} and {-1,+1} batches
@@ -64,7 +65,8 @@ class _Part:
         self.label_columns = 0
 
     def extend(self, other: _Part) -> None:
-        self.words += other.words
+        for name, blocks in other.words.items():
+            self.words.setdefault(name, []).extend(blocks)
         self.labels += other.labels
         self.rows += other.rows
         self.values |= other.values
@@ -95,22 +97,51 @@ class Evaluator:
         return self._add("queries", codes, labels, "query_codes", "query_labels")
 
     def _add(self, part: str, codes, labels, codes_name: str, labels_name: str) -> Evaluator:
-        words, width, values = self._pack_codes(as_numpy(codes, codes_name), codes_name)
+        batch, rows, width, values = self._pack_batch(codes, codes_name)
+        self._check_modalities(part, set(batch), codes_name)
         packed_labels, kind, columns = None, None, 0
         if labels is not None:
-            packed_labels, kind, columns = _pack_labels(as_numpy(labels, labels_name), labels_name, len(words))
+            packed_labels, kind, columns = _pack_labels(as_numpy(labels, labels_name), labels_name, rows)
         self._check_labels_agree(labels_name, kind, columns)
         side = self._parts[part]
         check_code_convention(side.values | values, codes_name)
         # every check passed: only now does the state change
         self.nbits = width
         side.values |= values
-        side.words.append(words)
-        side.rows += len(words)
+        for name, words in batch.items():
+            side.words.setdefault(name, []).append(words)
+        side.rows += rows
         if packed_labels is not None:
             side.labels.append(packed_labels)
             side.label_kind, side.label_columns = kind, columns
         return self
+
+    def _pack_batch(self, codes, name: str) -> tuple[dict, int, int, set]:
+        """A batch's codes packed per modality ({None: words} for an array): (words, rows, B, values seen)."""
+        arrays = {None: codes} if not isinstance(codes, dict) else {
+            check_modality_name(m, name): x for m, x in codes.items()}
+        if not arrays:
+            raise InputError(f"{name}: an empty dict (give one code array per modality)")
+        batch, shapes, values = {}, {}, set()
+        for modality, x in arrays.items():
+            where = name if modality is None else f"{name}[{modality!r}]"
+            words, width, seen = self._pack_codes(as_numpy(x, where), where)
+            batch[modality], shapes[where], values = words, (len(words), width), values | seen
+        (first, shape), *rest = shapes.items()
+        for where, other in rest:
+            if other != shape:
+                raise InputError(f"{where}: {other[0]} codes of {other[1]} bits but {first} has {shape[0]} of "
+                                 f"{shape[1]} (the modalities describe the same items, in one code length)")
+        return batch, shape[0], shape[1], values
+
+    def _check_modalities(self, part: str, names: set, where: str) -> None:
+        """A side keeps the modalities of its first batch; both sides have modalities or neither does."""
+        side = self._parts[part]
+        if side.rows and names != set(side.words):
+            raise InputError(f"{where}: modalities {_names(names)} but earlier batches have {_names(side.words)}")
+        other = self._parts["queries" if part == "database" else "database"]
+        if other.rows and (None in names) != (None in other.words):
+            raise InputError(f"{where}: give codes per modality (a dict) on both sides or on neither")
 
     def _pack_codes(self, arr: np.ndarray, name: str) -> tuple[np.ndarray, int, set]:
         if arr.ndim != 2 or arr.shape[0] == 0 or arr.shape[1] == 0:
@@ -158,6 +189,9 @@ class Evaluator:
                     theirs.label_kind, theirs.label_columns):
                 raise InputError(f"merge: the other evaluator's {part} labels differ in kind or width")
             check_code_convention(mine.values | theirs.values, f"merge ({part} codes)")
+            if mine.rows and theirs.rows and set(mine.words) != set(theirs.words):
+                raise InputError(f"merge: the other evaluator's {part} modalities are {_names(theirs.words)}, this "
+                                 f"one's {_names(mine.words)}")
         for part in ("database", "queries"):
             theirs = other._parts[part]
             if theirs.rows:
@@ -198,7 +232,8 @@ class Evaluator:
             raise InputError(str(exc).replace(url, "<arrays>")) from None
         finally:
             _remove_memory_dataset(url)
-        report["dataset"]["path"] = "<arrays>"
+        for part in (report, *report.get("tasks", {}).values()):
+            part["dataset"]["path"] = "<arrays>"
         return report
 
     def _write(self, url: str, csr, scores=None) -> None:
@@ -212,14 +247,19 @@ class Evaluator:
         with DatasetWriter(url, nbits=self.nbits, relevance=tuple(kinds), n_labels=n_labels,
                            chunk_rows=DEFAULT_CHUNK_ROWS, query_chunk_rows=DEFAULT_QUERY_CHUNK_ROWS) as writer:
             for part, side in self._parts.items():
-                for words in side.words:
-                    writer.add_codes(part, words)
+                for modality, blocks in side.words.items():
+                    for words in blocks:
+                        writer.add_codes(part, words, modality)
                 for labels in side.labels:
                     writer.add_labels(part, labels)
             if csr is not None:
                 writer.add_relevant(*csr)
             if scores is not None:
                 writer.add_scores(scores)
+
+
+def _names(modalities) -> str:
+    return ", ".join(sorted(str(m) for m in modalities if m)) or "none (plain arrays)"
 
 
 def _pack_labels(arr: np.ndarray, name: str, rows: int) -> tuple[np.ndarray, str, int]:
@@ -262,6 +302,10 @@ def evaluate_codes(query_codes, db_codes, query_labels=None, db_labels=None, *, 
                    query_scores=None, threads: int | None = None, options: EvaluateOptions | None = None,
                    **keywords) -> dict:
     """The report document for in-memory codes (the same as ``hashdist.evaluate`` on them ingested).
+
+    Cross-modal: ``query_codes`` and ``db_codes`` as dicts {modality: codes} (same rows and bits within a side);
+    the report then holds ``report["tasks"]["image->text"]`` etc., for the tasks ``tasks=`` names (default: the
+    cross tasks).
 
     ``relevant`` replaces labels with explicit ground truth (a CSR triple or a list of index arrays per
     query, an empty one for none) unless ``relevance=`` picks the labels' kind; ``nbits`` means the codes

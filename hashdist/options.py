@@ -20,7 +20,7 @@ from typing import Any, Literal, NamedTuple
 
 import numpy as np
 
-from hashdist.data.dataset import Dataset, open_dataset
+from hashdist.data.dataset import Dataset, open_dataset, parse_task
 from hashdist.data.protocols import PROTOCOLS, get_protocol, protocol_k
 from hashdist.defaults import (
     DEFAULT_BETA,
@@ -100,6 +100,10 @@ class EvaluateOptions:
         "also report mAP@K as a published script computes it (repeatable): "
         + "; ".join(f"{c.name}: {c.reproduces}" for c in CONVENTIONS), flag="--convention", action="append",
         metavar="NAME"))
+    tasks: tuple[str, ...] = field(default=(), metadata=option(
+        "a dataset with modalities: the task QUERY->DATABASE to evaluate (repeatable), e.g. image->text or "
+        "image->image; default: every cross task (image->text and text->image)", flag="--task", action="append",
+        metavar="A->B"))
     query_block_rows: int | None = field(default=None, metadata=option(
         f"queries per block (default {DEFAULT_QUERY_BLOCK_ROWS}; rounded up to whole chunks)"))
     db_block_rows: int | None = field(default=None, metadata=option(
@@ -118,6 +122,10 @@ class EvaluateOptions:
         set_(self, "hashtable", _listed(self.hashtable, "--hashtable / hashtable=", str, "a KxL setting"))
         set_(self, "conventions", _listed(self.conventions, "--convention / conventions=", str,
                                           "a convention name"))
+        tasks = tuple("->".join(parse_task(t)) for t in _listed(self.tasks, "--task / tasks=", str, "a task A->B"))
+        if len(set(tasks)) < len(tasks):
+            raise InputError(f"--task: {sorted(t for t in tasks if tasks.count(t) > 1)[0]} is given twice")
+        set_(self, "tasks", tasks)
         self._check_choices()
         self._check_numbers()
 
@@ -154,9 +162,21 @@ class EvaluateOptions:
         """The ranking distance: as given, else weighted with bit weights, else Hamming."""
         return self.distance or ("weighted" if self.bit_weights is not None else "hamming")
 
+    def resolve_tasks(self, dataset) -> tuple[PreparedRun, ...]:
+        """One prepared run per task: on a dataset with modalities the tasks asked for (default: its cross
+        tasks), on one without the dataset's single run."""
+        ds = open_dataset(dataset, self.tasks[0] if self.tasks else None)
+        if not ds.modalities:
+            return (self.resolve(ds),)
+        return tuple(self.resolve(ds if task == ds.task else open_dataset(dataset, task))
+                     for task in self.tasks or ds.tasks)
+
     def resolve(self, dataset) -> PreparedRun:
-        """Open the dataset, check the options against it and plan the blocks (once per run)."""
-        ds = open_dataset(dataset)
+        """Open the dataset (a path, or a :class:`Dataset` already open: a task's view), check the options against
+        it and plan the blocks (once per run)."""
+        ds = dataset if isinstance(dataset, Dataset) else open_dataset(dataset, self.tasks[0] if self.tasks else None)
+        if ds.modalities and self.distance_kind == "asymmetric":
+            raise InputError(f"{ds.url}: --distance asymmetric is not available for a dataset with modalities")
         k, conventions = self.k, self.conventions
         if self.protocol is not None:
             preset = get_protocol(self.protocol)
@@ -189,6 +209,7 @@ class EvaluateOptions:
             "bit_weights": None if weights is None else str(weights) if isinstance(weights, (str, os.PathLike))
             else "array",
             "distance_bins": None if axis is None else axis.bins,
+            **({"task": plan.task} if plan.task else {}),
         }
 
     def _distance_axis(self, ds: Dataset) -> DistanceAxis | None:

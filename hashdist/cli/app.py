@@ -91,8 +91,11 @@ def _add_ingest(sub):
         "rows with --packed --nbits B; .npy files are memory-mapped and streamed. Labels: 1-D integers are "
         "classes, 2-D 0/1 is multi-label.",
     )
-    p.add_argument("--db-codes", metavar="DB.npy", help="required unless --splits")
-    p.add_argument("--query-codes", metavar="Q.npy", help="required unless --append")
+    p.add_argument("--db-codes", metavar="[NAME=]DB.npy", action="append",
+                   help="database codes, required unless --splits; repeat as NAME=PATH for a dataset with modalities "
+                   "(e.g. --db-codes image=D_img.npy --db-codes text=D_txt.npy: same rows and bits)")
+    p.add_argument("--query-codes", metavar="[NAME=]Q.npy", action="append",
+                   help="query codes, required unless --append; NAME=PATH per modality as for --db-codes")
     p.add_argument("--db-labels", metavar="DBL.npy", help="database labels: 1-D integer classes or a 2-D 0/1 "
                    "multi-hot matrix (N rows)")
     p.add_argument("--query-labels", metavar="QL.npy", help="query labels, of the same kind as --db-labels (Q rows)")
@@ -136,8 +139,10 @@ def _check_split_options(a) -> None:
 
 
 def _run_ingest(a):
-    from hashdist.data.ingest import append, ingest
+    from hashdist.data.ingest import append, ingest, parse_modal_paths
 
+    a.db_codes = parse_modal_paths(a.db_codes, "--db-codes")
+    a.query_codes = parse_modal_paths(a.query_codes, "--query-codes")
     if a.splits is not None:
         return _ingest_split(a)
     if a.codes is not None or a.labels is not None:
@@ -151,7 +156,8 @@ def _run_ingest(a):
             if getattr(a, name) is not None:
                 raise InputError(f"--{name.replace('_', '-')}: not with --append, which adds database rows only")
         append(a.out, a.db_codes, a.db_labels, packed=a.packed, nbits=a.nbits)
-        return f"appended {a.db_codes} to {a.out}"
+        named = ", ".join(a.db_codes.values()) if isinstance(a.db_codes, dict) else a.db_codes
+        return f"appended {named} to {a.out}"
     if a.query_codes is None:
         raise InputError("--query-codes is required (unless --append)")
     ingest(
@@ -374,13 +380,17 @@ def _check_evaluate(a):
         _check_history_option(a)
     a.execution = _execution(a)
     a.options = from_args(EvaluateOptions, a)
-    a.prepared = a.options.resolve(a.dataset)
+    a.prepared = a.options.resolve_tasks(a.dataset)
+    if a.history is not None and a.prepared[0].plan.task is not None:
+        raise InputError(f"--history: not available for a dataset with modalities ({a.dataset}); record each task's "
+                         "pair as its own dataset")
 
 
 def _work_line(a) -> str:
     """What the run is about to do, in one line: the pairs, the code length, the blocks and where they run."""
-    ds, plan, execution = a.prepared.ds, a.prepared.plan, a.execution
-    blocks = len(plan.histogram_blocks)
+    first, execution = a.prepared[0], a.execution
+    ds, plan = first.ds, first.plan
+    blocks = sum(len(run.plan.histogram_blocks) for run in a.prepared)
     address = execution.address or os.environ.get("HASHDIST_DASK_ADDRESS")
     cluster_class = execution.cluster_class or os.environ.get("HASHDIST_CLUSTER_CLASS")
     if execution.engine == "local":
@@ -390,8 +400,9 @@ def _work_line(a) -> str:
     else:
         where = f"Prefect + Dask on {f'a per-run {cluster_class}' if cluster_class else 'an embedded local cluster'}"
     rows = min(plan.query_block_rows, ds.n_queries), min(plan.db_block_rows, ds.n_database)
-    return (f"hashdist evaluate: {ds.n_queries:,} queries x {ds.n_database:,} items, {ds.nbits} bits, "
-            f"{plan.relevance} relevance, {a.prepared.params.distance} distance; {blocks:,} block"
+    tasks = f" in {len(a.prepared)} tasks ({', '.join(run.plan.task for run in a.prepared)})" if plan.task else ""
+    return (f"hashdist evaluate: {ds.n_queries:,} queries x {ds.n_database:,} items{tasks}, {ds.nbits} bits, "
+            f"{plan.relevance} relevance, {first.params.distance} distance; {blocks:,} block"
             f"{'s' if blocks != 1 else ''} of up to {rows[0]:,} x {rows[1]:,}; {where}")
 
 
@@ -402,9 +413,9 @@ def _evaluate_into(a):
     if not a.json:  # the output's first line (stderr keeps one line for an error)
         print(_work_line(a), flush=True)
     if a.execution.engine == "local":
-        from hashdist.api import evaluate_prepared
+        from hashdist.api import evaluate_runs
 
-        evaluation = evaluate_prepared(a.prepared, a.execution.cache, a.threads, not a.quiet, started_at)
+        evaluation = evaluate_runs(a.prepared, a.execution.cache, a.threads, not a.quiet, started_at)
         evaluation.write(a.out, overwrite=a.overwrite, html=not a.no_html, started_at=started_at)
         if a.history is not None:
             from hashdist.compare.history import record
@@ -443,12 +454,13 @@ def _check_history_option(a):
 
 def _evaluate_output(a, evaluation, verdict) -> str:
     from hashdist.report.evaluation import format_table, json_safe
+    from hashdist.report.tasks import format_tasks_table, run_blocks
 
     out = a.out
     if a.json:
         return json.dumps(json_safe(evaluation.report), indent=2)
     r = evaluation.report
-    blocks, timing = r["blocks"], r["timing"]
+    blocks, timing = run_blocks(r), r["timing"]
     pairs = blocks.get("computed_pairs") or 0
     rate = (f"{pairs:.3g} pairs computed at {pairs / max(timing['compute_s'], 1e-9):.3g} pairs/s" if blocks["computed"]
             else "nothing to compute: every block came from the cache")
@@ -457,7 +469,7 @@ def _evaluate_output(a, evaluation, verdict) -> str:
             + ("" if a.no_html else f", {out}/report.html"))
     if verdict is not None:
         tail += f"\nhistory: {a.history}: {verdict['message']}"
-    return format_table(r) + tail
+    return (format_tasks_table(r) if "tasks" in r else format_table(r)) + tail
 
 
 def _add_compare(sub):

@@ -13,6 +13,13 @@ Layout (rows are database items or queries)::
     queries/scores      (Q, B) float64 real-valued query vectors for the asymmetric distance (optional; float32 in
                         datasets written before 2026-11-26, read as they are)
 
+A dataset with modalities (cross-modal retrieval, docs/cross-modal.md) holds one code array per named
+modality and side instead of ``<side>/codes``: ``database/codes/<modality>`` and ``queries/codes/<modality>``
+(same rows and width on one side; the labels are the pair's). Its attribute ``modalities`` names them per
+side. A **task** ``a->b`` ranks the database's ``b`` codes against the queries' ``a`` codes; the dataset
+opened for a task (:func:`open_dataset` with ``task``) reads those two arrays as ``queries/codes`` and
+``database/codes``, so the engine, its plan and its cache work on a task as on a unimodal dataset.
+
 Group attributes: ``format`` ("hashdist-dataset"), ``format_version``, ``nbits``,
 ``relevance`` (the kinds the data supports, default first), ``n_labels`` for
 multi-label data and ``fingerprints``: for every array, the SHA-256 of each row
@@ -46,6 +53,7 @@ FORMAT = "hashdist-dataset"
 FORMAT_VERSION = 1
 CSR_CHUNK = 1 << 20
 MAX_NBITS = 4096
+TASK_ARROW = "->"
 
 CODES = ("database/codes", "queries/codes")
 CSR = ("queries/relevant/indptr", "queries/relevant/indices", "queries/relevant/grades")
@@ -109,10 +117,32 @@ class ArrayFingerprint:
         return cls(int(d["chunk_rows"]), tuple(d["chunks"]), int(d["rows"]))
 
 
-class Dataset:
-    """Read access to a hashdist dataset. Open with :func:`open_dataset`."""
+def parse_task(task: str) -> tuple[str, str]:
+    """``"a->b"`` (or ``"a→b"``) as (query modality, database modality)."""
+    a, arrow, b = str(task).replace("\u2192", TASK_ARROW).partition(TASK_ARROW)
+    if str(task).endswith("-"):
+        raise InputError(f"--task {task!r}: the shell took '>' as a redirection; quote the task, e.g. "
+                         f"--task '{task}>text'")
+    if not arrow or not a.strip().isidentifier() or not b.strip().isidentifier():
+        raise InputError(f"--task {task!r}: expected QUERY_MODALITY->DATABASE_MODALITY, e.g. image->text")
+    return a.strip(), b.strip()
 
-    def __init__(self, url: str, group: zarr.Group):
+
+def default_tasks(modalities: dict[str, tuple[str, ...]]) -> tuple[str, ...]:
+    """The cross tasks ``a->b`` (a != b, queries' order, then the database's); with none, every pair."""
+    pairs = [(a, b) for a in modalities["queries"] for b in modalities["database"]]
+    cross = [(a, b) for a, b in pairs if a != b] or pairs
+    return tuple(f"{a}{TASK_ARROW}{b}" for a, b in cross)
+
+
+class Dataset:
+    """Read access to a hashdist dataset. Open with :func:`open_dataset`.
+
+    On a dataset with modalities, ``task`` (default: the first of :attr:`tasks`) picks the two code arrays
+    read as ``queries/codes`` and ``database/codes``; :attr:`fingerprint` then covers that task's view.
+    """
+
+    def __init__(self, url: str, group: zarr.Group, task: str | None = None):
         self.url = str(url)
         self.group = group
         attrs = dict(group.attrs)
@@ -121,9 +151,13 @@ class Dataset:
             self.relevance_kinds = tuple(map(str, attrs["relevance"]))
             self.n_labels = int(attrs.get("n_labels", 0))
             self.fingerprints = {k: ArrayFingerprint.from_json(v) for k, v in attrs["fingerprints"].items()}
+            self.modalities = {str(side): tuple(map(str, names)) for side, names in
+                               dict(attrs.get("modalities") or {}).items()}
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             what = f"no {exc.args[0]!r}" if isinstance(exc, KeyError) else f"{type(exc).__name__}: {exc}"
             raise InputError(f"{url}: malformed dataset attributes ({what}); rewrite it with hashdist ingest") from None
+        self._stored: dict[str, str] = {}  # a task's logical array names -> stored names
+        self.task = self._select_task(task) if self.modalities else None
         for name in CODES:
             if name not in self.fingerprints:
                 raise InputError(f"{url}: malformed dataset attributes (no fingerprint of {name})")
@@ -131,6 +165,27 @@ class Dataset:
             if fp.chunk_rows < 1 or fp.rows < 0 or len(fp.chunks) != -(-fp.rows // fp.chunk_rows):
                 raise InputError(f"{url}: malformed dataset attributes (the fingerprint of {name})")
         self._arrays: dict[str, zarr.Array] = {}
+
+    def _select_task(self, task: str | None) -> str:
+        """Check ``task`` against the modalities and map ``<side>/codes`` to its arrays (a view: nothing is read)."""
+        if set(self.modalities) != {"queries", "database"} or not all(self.modalities.values()):
+            raise InputError(f"{self.url}: malformed dataset attributes (modalities)")
+        a, b = parse_task(task or self.tasks[0])
+        for side, name in (("queries", a), ("database", b)):
+            if name not in self.modalities[side]:
+                raise InputError(f"--task {task}: the dataset's {side} have no modality {name!r} (they have "
+                                 f"{', '.join(self.modalities[side])})")
+            stored = f"{side}/codes/{name}"
+            if stored not in self.fingerprints:
+                raise InputError(f"{self.url}: malformed dataset attributes (no fingerprint of {stored})")
+            self._stored[f"{side}/codes"] = stored
+            self.fingerprints[f"{side}/codes"] = self.fingerprints[stored]
+        return f"{a}{TASK_ARROW}{b}"
+
+    @property
+    def tasks(self) -> tuple[str, ...]:
+        """The tasks a run evaluates by default: the cross ones (none for a dataset without modalities)."""
+        return default_tasks(self.modalities) if self.modalities else ()
 
     # -- structure -------------------------------------------------------
     @property
@@ -159,7 +214,9 @@ class Dataset:
     def fingerprint(self) -> str:
         """One digest over every array's fingerprint and the format attributes."""
         parts = [FORMAT_VERSION, self.nbits, *self.relevance_kinds, self.n_labels]
-        parts += [f"{k}={v.digest}" for k, v in sorted(self.fingerprints.items())]
+        parts += [f"{k}={v.digest}" for k, v in sorted(self.fingerprints.items()) if k not in self._stored]
+        if self.task:  # a task's view: its two code arrays stand in for the others'
+            parts += [f"task={self.task}"]
         return combine_digests(parts)
 
     def has(self, name: str) -> bool:
@@ -171,7 +228,7 @@ class Dataset:
     def array(self, name: str) -> zarr.Array:
         if name not in self._arrays:
             try:
-                self._arrays[name] = self.group[name]
+                self._arrays[name] = self.group[self._stored.get(name, name)]
             except KeyError:
                 raise InputError(f"{self.url}: dataset has no array {name!r}") from None
         return self._arrays[name]
@@ -226,8 +283,9 @@ class Dataset:
         return dict(self.group.attrs)
 
 
-def open_dataset(url) -> Dataset:
-    """Open and validate a dataset; raise InputError if it is missing or not a hashdist dataset."""
+def open_dataset(url, task: str | None = None) -> Dataset:
+    """Open and validate a dataset; raise InputError if it is missing or not a hashdist dataset. ``task``: on a
+    dataset with modalities, the task ``a->b`` whose code arrays it reads (default: its first task)."""
     url = str(url)
     if _is_local(url) and not _local_path(url).exists():
         raise InputError(f"{url}: no such dataset (path does not exist)")
@@ -245,7 +303,10 @@ def open_dataset(url) -> Dataset:
         raise InputError(
             f"{url}: dataset format version {attrs.get('format_version')} is not supported (expected {FORMAT_VERSION})"
         )
-    ds = Dataset(url, group)
+    if task is not None and not attrs.get("modalities"):
+        raise InputError(f"--task {task}: {url} has no modalities (one code set per side; ingest codes per "
+                         "modality with --query-codes NAME=PATH)")
+    ds = Dataset(url, group, task)
     validate_structure(ds)
     return ds
 
@@ -270,6 +331,7 @@ def validate_structure(ds: Dataset) -> None:
             )
         if arr.shape[0] == 0:
             raise InputError(f"{ds.url}: {part}/codes is empty")
+        _check_modalities(ds, part, arr)
         if ds.has(f"{part}/labels") and ds.array(f"{part}/labels").shape[0] != arr.shape[0]:
             raise InputError(
                 f"{ds.url}: {part}/labels has {ds.array(f'{part}/labels').shape[0]} rows but {part}/codes "
@@ -279,6 +341,15 @@ def validate_structure(ds: Dataset) -> None:
         raise InputError(f"{ds.url}: queries/relevant/indptr must have n_queries + 1 entries")
     if _is_local(ds.url):
         _check_chunk_files(ds)
+
+
+def _check_modalities(ds: Dataset, part: str, codes: zarr.Array) -> None:
+    """Every modality of a side has the rows and the width of the one the task reads."""
+    for name in ds.modalities.get(part, ()):
+        arr = ds.group[f"{part}/codes/{name}"]
+        if arr.shape != codes.shape or arr.dtype != codes.dtype:
+            raise InputError(f"{ds.url}: {part}/codes/{name} has shape {arr.shape} {arr.dtype}, but the other "
+                             f"modalities of the {part} have {codes.shape} {codes.dtype}")
 
 
 def missing_chunk(array: zarr.Array) -> int | None:
@@ -396,6 +467,7 @@ class DatasetWriter:
         self.group = zarr.open_group(store=store, mode="w")
         self.writers: dict[str, _ArrayWriter] = {}
         self.fingerprints: dict[str, ArrayFingerprint] = {}
+        self.modalities: dict[str, list[str]] = {}  # side -> modality names, in the order written
 
     def _writer(self, name: str, width: int | None, dtype, chunk_rows: int) -> _ArrayWriter:
         if name not in self.writers:
@@ -403,8 +475,12 @@ class DatasetWriter:
             self.writers[name] = _ArrayWriter(array, chunk_rows)
         return self.writers[name]
 
-    def add_codes(self, part: str, words: np.ndarray) -> None:
-        self._writer(f"{part}/codes", n_words(self.nbits), np.uint64, self.chunk_rows[part]).append(words)
+    def add_codes(self, part: str, words: np.ndarray, modality: str | None = None) -> None:
+        """Code rows of one side, or of one of its modalities (a dataset has modalities on both sides or none)."""
+        name = f"{part}/codes" if modality is None else f"{part}/codes/{modality}"
+        if modality is not None and modality not in self.modalities.setdefault(part, []):
+            self.modalities[part].append(modality)
+        self._writer(name, n_words(self.nbits), np.uint64, self.chunk_rows[part]).append(words)
 
     def add_labels(self, part: str, labels: np.ndarray) -> None:
         width = None if labels.ndim == 1 else labels.shape[1]
@@ -437,6 +513,7 @@ class DatasetWriter:
             "relevance": list(self.relevance),
             "n_labels": self.n_labels,
             "fingerprints": {k: v.to_json() for k, v in sorted(self.fingerprints.items())},
+            **({"modalities": self.modalities} if self.modalities else {}),
             **self.extra_attrs,
         }
         self.group.attrs.update(attrs)
@@ -498,10 +575,11 @@ def _append_blocks(url, root: Path, name: str, fp: ArrayFingerprint, blocks) -> 
     return writer.close()
 
 
-def append_database_rows(url, words, labels) -> Dataset:
+def append_database_rows(url, words: dict, labels) -> Dataset:
     """Append database rows (and their labels) to an existing local dataset, streaming; updates fingerprints.
 
-    ``words`` and ``labels`` are iterables of row blocks: (n, W) uint64 codes, and labels like the
+    ``words``: {stored code array name (``database/codes``, or ``database/codes/<modality>`` for each
+    modality): iterable of (n, W) uint64 row blocks}; ``labels``: an iterable of label blocks like the
     stored ones (None when the dataset has none). The new version is built in a staged sibling that
     hard-links the chunk files it keeps and copies only the files it rewrites, then renamed into
     place, so an interrupted or failed append leaves the previous complete dataset.
@@ -514,7 +592,7 @@ def append_database_rows(url, words, labels) -> Dataset:
     if ds.has("database/labels") != (labels is not None):
         raise InputError(f"{url}: appended rows must have labels exactly when the dataset does")
     final = _local_path(ds.url)
-    parts = {"database/codes": words, **({"database/labels": labels} if labels is not None else {})}
+    parts = {**words, **({"database/labels": labels} if labels is not None else {})}
     with staged_directory(final) as tmp:
         ds = open_dataset(url)  # again under the lock: the version this append extends
         _link_tree(final, tmp, _rewritten_files(ds, parts))

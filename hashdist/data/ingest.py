@@ -38,6 +38,64 @@ def _check_paths(**arguments) -> None:
                              "hashdist.evaluate_codes")
 
 
+def parse_modal_paths(values, flag: str):
+    """A code option's values: one plain path, or ``NAME=PATH`` per modality ({name: path}); None if not given.
+
+    A name is a Python identifier (``image``, ``text``); a value that names an existing file is a path even if
+    it holds ``=``."""
+    if values is None or isinstance(values, (str, os.PathLike)):
+        return values
+    values = list(values)
+    plain = [v for v in values if "=" not in str(v) or Path(v).exists()]
+    if len(plain) == len(values):  # plain paths: the last one counts, as for any repeated option
+        return values[-1]
+    named: dict[str, str] = {}
+    for value in values:
+        name, eq, path = str(value).partition("=")
+        if not eq or not path:
+            raise InputError(f"{flag} {value}: with several code files give each as NAME=PATH, e.g. image=Q_img.npy")
+        check_modality_name(name, flag)
+        if name in named:
+            raise InputError(f"{flag}: modality {name!r} is given twice")
+        named[name] = path
+    return named
+
+
+def check_modality_name(name, where: str) -> str:
+    if not isinstance(name, str) or not name.isidentifier():
+        raise InputError(f"{where}: modality name {name!r} is not an identifier (letters, digits, _; e.g. image)")
+    return name
+
+
+def _modal(paths, flag: str) -> dict:
+    """{modality or None: (memory-mapped array, path)} of a code option."""
+    if isinstance(paths, dict):
+        if not paths:
+            raise InputError(f"{flag}: no modality given")
+        return {check_modality_name(name, flag): (load_array(path), path) for name, path in paths.items()}
+    return {None: (load_array(paths), paths)}
+
+
+def _check_modal_codes(codes: dict, packed: bool, nbits: int | None) -> int:
+    """Every code array of both sides: the same width B, the same rows within a side, modalities on both sides
+    or on neither; returns B."""
+    if (None in codes["database"]) != (None in codes["queries"]):
+        raise InputError("--query-codes and --db-codes: give modalities (NAME=PATH) on both sides or on neither")
+    widths = {}
+    for part in ("database", "queries"):
+        arrays = list(codes[part].values())
+        for arr, path in arrays:
+            widths[path] = _code_width(arr, path, packed, nbits)
+            if arr.shape[0] != arrays[0][0].shape[0]:
+                raise InputError(f"{path}: {arr.shape[0]} rows but {arrays[0][1]} has {arrays[0][0].shape[0]} (the "
+                                 f"modalities of the {part} describe the same items)")
+    (first, b), *rest = widths.items()
+    for path, width in rest:
+        if width != b:
+            raise InputError(f"{path}: codes have {width} bits but {first} has {b}")
+    return b
+
+
 def _code_width(arr: np.ndarray, path, packed: bool, nbits: int | None) -> int:
     if arr.ndim != 2:
         raise InputError(f"{path}: codes must be a 2-D array (rows, bits), got shape {arr.shape}")
@@ -159,26 +217,27 @@ def ingest(
     query_chunk_rows: int = DEFAULT_QUERY_CHUNK_ROWS,
     overwrite: bool = False,
 ) -> str:
-    """Write a dataset from code (and label / ground-truth / feature) files; returns its path."""
+    """Write a dataset from code (and label / ground-truth / feature) files; returns its path. ``db_codes`` and
+    ``query_codes``: a path each, or {modality: path} on both sides for a dataset with modalities."""
     inputs = dict(db_codes=db_codes, query_codes=query_codes, db_labels=db_labels, query_labels=query_labels,
                   query_relevant=query_relevant, db_features=db_features, query_features=query_features,
                   query_scores=query_scores)
-    _check_paths(**inputs)
-    check_apart(out, inputs.values())
+    _check_paths(**{k: v for k, v in inputs.items() if not isinstance(v, dict)})
+    check_apart(out, [p for v in inputs.values() for p in (v.values() if isinstance(v, dict) else [v])])
     check_integer(chunk_rows, "--chunk-rows")
     check_integer(query_chunk_rows, "--query-chunk-rows")
-    codes = {"database": (load_array(db_codes), db_codes), "queries": (load_array(query_codes), query_codes)}
-    b_db = _code_width(*codes["database"], packed, nbits)
-    b_q = _code_width(*codes["queries"], packed, nbits)
-    if b_db != b_q:
-        raise InputError(f"{query_codes}: queries have {b_q} bits but the database codes {db_codes} have {b_db}")
+    modal = {"database": _modal(db_codes, "--db-codes"), "queries": _modal(query_codes, "--query-codes")}
+    b_db = _check_modal_codes(modal, packed, nbits)
+    if None not in modal["queries"] and query_scores is not None:
+        raise InputError("--query-scores: not available for a dataset with modalities")
+    codes = {part: next(iter(arrays.values())) for part, arrays in modal.items()}  # the rows labels must match
     labels = _load_pair(codes, db_labels, query_labels, "labels", _check_label_pair)
     features = _load_pair(codes, db_features, query_features, "features", _check_feature_pair)
     if not labels and not features and query_relevant is None:
         raise InputError("no relevance information: give --db-labels and --query-labels, --query-relevant, "
                          "or --db-features and --query-features (for hashdist groundtruth)")
     n_queries, n_database = codes["queries"][0].shape[0], codes["database"][0].shape[0]
-    scores = None if query_scores is None else check_scores(load_array(query_scores), b_q, n_queries,
+    scores = None if query_scores is None else check_scores(load_array(query_scores), b_db, n_queries,
                                                             str(query_scores))
     csr = None if query_relevant is None else load_relevant(query_relevant, n_queries, n_database)
     kinds = _relevance_kinds(labels["database"][2] if labels else None, csr is not None, relevance)
@@ -187,8 +246,9 @@ def ingest(
                        query_chunk_rows=query_chunk_rows, overwrite=overwrite) as writer:
         for part in ("database", "queries"):
             rows = writer.chunk_rows[part]
-            for words in _code_blocks(*codes[part], packed, b_db, rows):
-                writer.add_codes(part, words)
+            for modality, arrays in modal[part].items():
+                for words in _code_blocks(*arrays, packed, b_db, rows):
+                    writer.add_codes(part, words, modality)
             for block in _label_blocks(*labels[part], rows) if labels else ():
                 writer.add_labels(part, block)
             for block in _feature_blocks(*features[part], rows) if features else ():
@@ -263,30 +323,42 @@ def _check_append_labels(arr, path, ds) -> str:
 
 def append(dataset, db_codes, db_labels=None, *, packed: bool = False, nbits: int | None = None) -> str:
     """Append database rows from files to an existing dataset (``hashdist ingest --append``), streaming.
+    ``db_codes``: a path, or {modality: path} for each of a dataset's database modalities.
 
     ``nbits``, if given, must be the dataset's. Every check that needs only shapes runs before anything is
     written; values are validated block by block as they are written into the staged new version.
     """
     from hashdist.data.dataset import append_database_rows, open_dataset
 
-    _check_paths(db_codes=db_codes, db_labels=db_labels)
+    _check_paths(db_labels=db_labels, **({} if isinstance(db_codes, dict) else {"db_codes": db_codes}))
     ds = open_dataset(dataset)
     if ds.has("database/features"):
         raise InputError(f"{dataset}: cannot append database rows to a dataset with features")
     if nbits is not None and nbits != ds.nbits:
         raise InputError(f"--nbits {nbits}: {dataset} has {ds.nbits}-bit codes")
-    db = load_array(db_codes)
-    width = _code_width(db, db_codes, packed, ds.nbits if packed else None)
-    if width != ds.nbits:
-        raise InputError(f"{db_codes}: codes have {width} bits but the dataset has {ds.nbits}")
+    modal = _modal(db_codes, "--db-codes")
+    expected = set(ds.modalities.get("database", ())) or {None}
+    if set(modal) != expected:
+        have = ", ".join(sorted(m for m in expected if m)) or "none"
+        raise InputError(f"--db-codes: the dataset's database modalities are {have}; append codes for exactly those"
+                         + (" as NAME=PATH" if None not in expected else " as one plain path"))
+    first, first_path = next(iter(modal.values()))
+    for arr, path in modal.values():
+        width = _code_width(arr, path, packed, ds.nbits if packed else None)
+        if width != ds.nbits:
+            raise InputError(f"{path}: codes have {width} bits but the dataset has {ds.nbits}")
+        if arr.shape[0] != first.shape[0]:
+            raise InputError(f"{path}: {arr.shape[0]} rows but {first_path} has {first.shape[0]}")
     rows = ds.chunk_rows("database")
     labels = None
     if db_labels is not None:
         arr = load_array(db_labels)
-        if arr.shape[0] != db.shape[0]:
-            raise InputError(f"{db_labels}: {arr.shape[0]} labels but {db.shape[0]} codes in {db_codes}")
+        if arr.shape[0] != first.shape[0]:
+            raise InputError(f"{db_labels}: {arr.shape[0]} labels but {first.shape[0]} codes in {first_path}")
         labels = _label_blocks(arr, db_labels, _check_append_labels(arr, db_labels, ds), rows)
-    append_database_rows(ds.url, _code_blocks(db, db_codes, packed, width, rows), labels)
+    words = {("database/codes" if m is None else f"database/codes/{m}"): _code_blocks(arr, path, packed, ds.nbits, rows)
+             for m, (arr, path) in modal.items()}
+    append_database_rows(ds.url, words, labels)
     return ds.url
 
 

@@ -30,7 +30,7 @@ def compute_histogram(plan: Plan, block: Block, ds: Dataset | None = None, memo:
     ``memo``, kept by a share across its blocks (see run_blocks), holds the last query block's rows and each
     database block's collapse decision with its distinct rows: a collapsed database block is read only once.
     """
-    ds = ds or open_dataset(plan.url)
+    ds = ds or open_dataset(plan.url, plan.task)
     memo = {} if memo is None else memo
     if memo.get("queries", (None,))[0] != (block.q0, block.q1):
         qrel = (ds.relevant(block.q0, block.q1) if plan.relevance == "explicit"
@@ -88,7 +88,7 @@ def count_codes(plan: Plan, blocks, parts: range, ds: Dataset | None = None) -> 
     Rows are sorted into parts by hash first, so only a pass's share of each block is counted: the
     passes together count every row once, each reading the codes again (cheap against the histograms).
     """
-    ds = ds or open_dataset(plan.url)
+    ds = ds or open_dataset(plan.url, plan.task)
     result = CodePieces({p: [] for p in parts})
     for d0, d1 in blocks:
         words = ds.codes("database", d0, d1)
@@ -149,7 +149,7 @@ def run_blocks(plan: Plan, blocks, cache: BlockCache, progress=None) -> Partials
     """
     partials, ds, memo = Partials(), None, {}  # see compute_histogram
     for block in blocks:
-        ds = ds or open_dataset(plan.url)
+        ds = ds or open_dataset(plan.url, plan.task)
         result, was_cached = cached_histogram(plan, block, cache, ds, memo)
         partials.add_block(block.q0, result, was_cached, block.pairs)
         if progress:

@@ -37,6 +37,7 @@ class Plan:
     distance: DistanceAxis | None = None  # the bins of a ranking distance other than plain Hamming
     code_parts: int | None = None  # parts the distinct database codes are split into by hash (None: by size)
     parts_per_pass: int = 1  # code parts counted, merged and searched at once (see for_threads)
+    task: str | None = None  # on a dataset with modalities, the task a->b whose codes the blocks read
 
     @property
     def pairs(self) -> int:
@@ -114,7 +115,7 @@ def make_plan(
         for (d0, d1) in db_blocks
     )
     return Plan(task_url(ds.url), ds.nbits, relevance, largest_grade, max_radius, qrows, drows, tuple(query_blocks),
-                hist, tuple(db_blocks), tuple(hashtables), distance, code_parts)
+                hist, tuple(db_blocks), tuple(hashtables), distance, code_parts, task=ds.task)
 
 
 def for_threads(plan: Plan, threads: int) -> Plan:

@@ -76,7 +76,7 @@ def code_part(plan: Plan, groups) -> CodePart:
 def part_max_buckets(plan: Plan, part: CodePart, start: int, stop: int, shells: np.ndarray,
                      ds: Dataset | None = None) -> np.ndarray:
     """M_k of queries [start, stop) within one code part; the maximum over parts is M_k."""
-    return part.max_buckets((ds or open_dataset(plan.url)).codes("queries", start, stop), shells)
+    return part.max_buckets((ds or open_dataset(plan.url, plan.task)).codes("queries", start, stop), shells)
 
 
 def item_metrics(params: MetricParams, sums: dict[str, np.ndarray], M: np.ndarray) -> dict[str, np.ndarray]:
@@ -220,7 +220,7 @@ def run_local(plan: Plan, params: MetricParams, cache: BlockCache, *, threads: i
 
 def reduce_partials(executor, plan: Plan, params: MetricParams, partials: Partials) -> RunResult:
     """:func:`reduce_blocks` over one process's merged Partials, the code counted per database block."""
-    ds = open_dataset(plan.url)
+    ds = open_dataset(plan.url, plan.task)
     item_parts = [[item_sums(partials.sums[q0], q0, start, stop)] for q0, start, stop in metric_items(plan)]
 
     def count_pass(parts):

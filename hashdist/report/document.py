@@ -13,7 +13,7 @@ from hashdist.engine.plan import Plan
 from hashdist.engine.reduction import RunResult
 from hashdist.kernels.distance import DistanceAxis
 from hashdist.metrics.conventions import conventions_report
-from hashdist.report.evaluation import REPORT_MARKER, provenance, write_outputs
+from hashdist.report.evaluation import REPORT_MARKER, plots, provenance, render_html, write_outputs
 
 
 def build_report(ds: Dataset, plan: Plan, parameters: dict, result: RunResult, timing: dict, engine: dict) -> dict:
@@ -75,6 +75,9 @@ class Evaluation:
                 report["timing"]["wall_s"] = now - started_at
                 report["throughput"]["pairs_per_s"] = report["throughput"]["pairs"] / report["timing"]["wall_s"]
 
-        return write_outputs(
-            out, self.report, self.per_query, self.bucket_sizes, overwrite=overwrite, html=html, finalize=finalize
-        )
+        return write_outputs(out, self.report, self.per_query, self.render_page, overwrite=overwrite, html=html,
+                             finalize=finalize)
+
+    def render_page(self) -> str:
+        """report.html: the report with its figures."""
+        return render_html(self.report, plots(self.report, self.per_query, self.bucket_sizes))

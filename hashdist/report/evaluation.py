@@ -378,7 +378,7 @@ def _headline_html(report: dict) -> str:
             f"<ul class='measures'>{items}</ul></section>")
 
 
-def _provenance_html(report: dict) -> str:
+def provenance_rows(report: dict) -> list[list[str]]:
     """Everything that produced the numbers: when, with what, from which data, with which parameters, where."""
     prov, d, t = report["provenance"], report["dataset"], report["timing"]
     packages = ", ".join(f"{name} {v}" for name, v in prov["packages"].items() if v)
@@ -388,7 +388,7 @@ def _provenance_html(report: dict) -> str:
             *([f"parameter {k}", json.dumps(v)] for k, v in report["parameters"].items()),
             ["engine", json.dumps(report["engine"])],
             ["timing", ", ".join(f"{k} {v:.2f} s" for k, v in t.items() if isinstance(v, (int, float)))]]
-    return html_table("Provenance", ["what", "value"], rows, "provenance")
+    return rows
 
 
 def render_html(report: dict, images: dict[str, str]) -> str:
@@ -400,8 +400,9 @@ def render_html(report: dict, images: dict[str, str]) -> str:
     glossary = html_definitions(definitions(report))
     sources = ("<p>The definitions in full: docs/metrics.md in hashdist's repository. Sources:</p><ol>"
                + "".join(f"<li>{html.escape(c)}</li>" for c in CITATIONS) + "</ol>")
+    prov = html_table("Provenance", ["what", "value"], provenance_rows(report), "provenance")
     return page(f"hashdist report: {name}", f"{head}<h2>Metrics</h2>{body}<h2>Plots</h2>{figures}"
-                f"<h2>Definitions</h2>{glossary}{sources}<h2>Provenance</h2>{_provenance_html(report)}")
+                f"<h2>Definitions</h2>{glossary}{sources}<h2>Provenance</h2>{prov}")
 
 
 # -- writing an output directory -----------------------------------------------
@@ -419,16 +420,22 @@ def check_output_dir(out, overwrite: bool, inputs=()) -> Path:
 def write_per_query(path: Path, per_query: dict) -> None:
     import zarr
 
-    group = zarr.open_group(store=str(path), mode="w")
+    _write_arrays(zarr.open_group(store=str(path), mode="w"), per_query)
+
+
+def _write_arrays(group, per_query: dict) -> None:
+    """The per-query arrays into ``group``; a run over tasks has a dict per task, written as a subgroup."""
     for key, values in per_query.items():
-        if key.startswith(PER_QUERY_KEYS):
+        if isinstance(values, dict):
+            _write_arrays(group.create_group(key), values)
+        elif key.startswith(PER_QUERY_KEYS):
             group.create_array(key.replace("/", "."), data=np.asarray(values))
 
 
 def write_outputs(
-    out, report: dict, per_query: dict, bucket_sizes, *, overwrite: bool = False, html: bool = True, finalize=None
+    out, report: dict, per_query: dict, render_page, *, overwrite: bool = False, html: bool = True, finalize=None
 ) -> Path:
-    """Write report.json, per_query.zarr and report.html atomically into ``out``.
+    """Write report.json, per_query.zarr and report.html (``render_page()``) atomically into ``out``.
 
     ``finalize(report)``, if given, runs just before report.json is written (to record timings).
     """
@@ -438,7 +445,7 @@ def write_outputs(
                              "report_html": str(out / "report.html") if html else None}
         write_per_query(tmp / "per_query.zarr", per_query)
         if html:
-            (tmp / "report.html").write_text(render_html(report, plots(report, per_query, bucket_sizes)))
+            (tmp / "report.html").write_text(render_page())
         if finalize:
             finalize(report)
         (tmp / "report.json").write_text(json.dumps(json_safe(report), indent=2))

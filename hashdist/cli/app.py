@@ -195,7 +195,8 @@ def _add_synth(sub):
         description="Synthetic class-structured codes (single- or multi-label, with a collision knob), presets "
         "(demo, flickr1m, nuswide, cifar, collisions), or scikit-learn's digits hashed with LSH, PCA-hashing or ITQ.",
     )
-    p.add_argument("--preset", help="demo | flickr1m | nuswide | cifar | collisions")
+    p.add_argument("--preset", help="demo | flickr1m | nuswide | cifar | collisions | mirflickr25k-xm (cross-modal: "
+                   "image and text codes, MIRFlickr-25K sizes)")
     p.add_argument("--digits", choices=["lsh", "pcah", "itq"], help="hash scikit-learn's digits with this method")
     p.add_argument("--features", choices=["lsh", "itq"],
                    help="Gaussian-mixture features (no labels) hashed with this method, for hashdist groundtruth")
@@ -215,6 +216,9 @@ def _add_synth(sub):
                    help="codes per class (centre plus noise) that every item copies: most items then share a few "
                    "codes, as with supervised models (the collisions preset: 200)")
     p.add_argument("--stray", type=float, help="with --prototypes: fraction of items with one random bit flipped")
+    p.add_argument("--text-noise", type=float,
+                   help="a cross-modal dataset: modalities image (the codes) and text (each image code with every "
+                   "bit flipped again with this probability); the mirflickr25k-xm preset: 0.1")
     p.add_argument("--seed", type=int, default=0, help="seed of every random draw (default 0): the same seed, the "
                    "same dataset")
     p.add_argument("--chunk-rows", type=int, help="database rows per Zarr chunk (default 65536)")
@@ -234,7 +238,7 @@ def _add_synth(sub):
 
 # the options each source of data does not take (refused rather than ignored)
 _SYNTHETIC_ONLY = ("labels", "n_classes", "n_concepts", "labels_per_item", "noise", "collision", "prototypes",
-                   "stray")
+                   "stray", "text_noise")
 _NOT_TAKEN_BY = {"digits": ("n_database", "dim", "n_clusters", "chunk_rows", *_SYNTHETIC_ONLY),
                  "features": ("pooled", *_SYNTHETIC_ONLY), None: ("dim", "n_clusters")}
 
@@ -306,13 +310,15 @@ def _synth_codes(a):
         raise InputError(f"--preset {a.preset}: unknown preset (choose from {', '.join(synth.PRESETS)})")
     kwargs = dict(synth.PRESETS.get(a.preset, {}))
     for name in ("n_database", "n_queries", "nbits", "labels", "n_classes", "n_concepts", "labels_per_item",
-                 "noise", "collision", "prototypes", "stray", "chunk_rows"):
+                 "noise", "collision", "prototypes", "stray", "text_noise", "chunk_rows"):
         if getattr(a, name) is not None:
             kwargs[name] = getattr(a, name)
     for name in ("n_database", "n_queries"):
         if name not in kwargs:
             raise InputError(f"--{name.replace('_', '-')} is required without --preset")
     if a.pooled:
+        if kwargs.get("text_noise") is not None:
+            raise InputError("--pooled: not for a cross-modal dataset (--text-noise or the mirflickr25k-xm preset)")
         kwargs.pop("chunk_rows", None)
         n_items = kwargs.pop("n_database") + kwargs.pop("n_queries")
         synth.synth_pooled(a.out, n_items=n_items, seed=a.seed, overwrite=a.overwrite, **kwargs)

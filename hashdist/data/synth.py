@@ -60,6 +60,12 @@ PRESETS: dict[str, dict] = {
         n_database=59_000, n_queries=1_000, nbits=64, labels="class", n_classes=10,
         noise=0.15, collision=0.0,
     ),
+    # cross-modal, MIRFlickr-25K sizes (2,000 queries, 18,015 database, 24 labels): an image and a text code per
+    # item; the text code is the image code with each bit flipped again with probability text_noise
+    "mirflickr25k-xm": dict(
+        n_database=18_015, n_queries=2_000, nbits=64, labels="multilabel", n_concepts=24,
+        labels_per_item=1.9, noise=0.15, collision=0.0, text_noise=0.1,
+    ),
     # collapsed supervised codes: 200 codes per class hold 99% of the items (about 2% distinct rows)
     "collisions": dict(
         n_database=200_000, n_queries=2_000, nbits=64, labels="class", n_classes=10,
@@ -80,7 +86,7 @@ _PART_IDS = {"database": 0, "queries": 1}
 _CENTRES = 2
 _PROTOTYPES = 3
 # independent random streams within one generation block
-_S_LABELS, _S_MIX, _S_NOISE, _S_COLLISION, _S_PROTOTYPE, _S_STRAY = range(6)
+_S_LABELS, _S_MIX, _S_NOISE, _S_COLLISION, _S_PROTOTYPE, _S_STRAY, _S_TEXT = range(7)
 
 
 # -- synthetic codes ----------------------------------------------------------
@@ -231,9 +237,16 @@ class _Generator:
         for b, start in enumerate(range(0, n, self.gen_rows)):
             yield self.block(part, b, min(self.gen_rows, n - start))
 
-    def write(self, writer: DatasetWriter, part: str, n: int) -> None:
-        for words, labels in self.blocks(part, n):
-            writer.add_codes(part, words)
+    def write(self, writer: DatasetWriter, part: str, n: int, text_noise: float | None = None) -> None:
+        """The first n rows of ``part``; with ``text_noise``, as modalities ``image`` (the codes) and ``text`` (the
+        image codes with each bit flipped again with probability ``text_noise``, from its own random stream)."""
+        for b, (words, labels) in enumerate(self.blocks(part, n)):
+            if text_noise is None:
+                writer.add_codes(part, words)
+            else:
+                flips = _rng(self.seed, _PART_IDS[part], b, _S_TEXT).random((len(words), self.nbits), dtype=np.float32)
+                writer.add_codes(part, words, "image")
+                writer.add_codes(part, words ^ pack_bits(flips < text_noise), "text")
             writer.add_labels(part, labels)
 
 
@@ -252,6 +265,7 @@ def synth_dataset(
     prototypes: int = 0,
     stray: float = 0.0,
     seed: int = 0,
+    text_noise: float | None = None,
     chunk_rows: int = DEFAULT_CHUNK_ROWS,
     query_chunk_rows: int = DEFAULT_QUERY_CHUNK_ROWS,
     overwrite: bool = False,
@@ -267,8 +281,12 @@ def synth_dataset(
     (relevance "multilabel"). Queries are independent items of the same distribution.
     ``prototypes`` > 0: an item's code is one of ``prototypes`` fixed codes of its (first) class
     (each the class centre plus ``noise``), a fraction ``stray`` of items with one bit flipped.
+    ``text_noise``: a cross-modal dataset with modalities ``image`` (the codes above) and ``text`` (each image
+    code with every bit flipped again with probability ``text_noise``: the same item, a noisier modality).
     """
     n_database = check_integer(n_database, "--n-database", 1)
+    if text_noise is not None:
+        text_noise = check_number(text_noise, "--text-noise", 0.0, 1.0)
     n_queries = check_integer(n_queries, "--n-queries", 1)
     options = _generator_options(nbits=nbits, labels=labels, n_classes=n_classes, n_concepts=n_concepts,
                                  labels_per_item=labels_per_item, noise=noise, collision=collision,
@@ -278,12 +296,14 @@ def synth_dataset(
     gen = _Generator(**options)
     params, relevance, n_labels = _synth_record(n_database, n_queries, options)
     params["generation_rows"] = gen.gen_rows
+    if text_noise is not None:  # recorded only when used: earlier datasets keep their attributes
+        params.update(modalities=["image", "text"], text_noise=text_noise)
     with DatasetWriter(
         out, nbits=options["nbits"], relevance=relevance, n_labels=n_labels, chunk_rows=chunk_rows,
         query_chunk_rows=query_chunk_rows, overwrite=overwrite, extra_attrs={"synth": params},
     ) as writer:
-        gen.write(writer, "database", n_database)
-        gen.write(writer, "queries", n_queries)
+        gen.write(writer, "database", n_database, text_noise)
+        gen.write(writer, "queries", n_queries, text_noise)
     return writer.url
 
 

@@ -25,6 +25,9 @@ exact integers and M_k a maximum, so the result is bit-identical to
 ``--engine local`` whatever the cluster's shape. Block results are cached by content
 in a ``BlockCache`` directory (shared storage on a cluster).
 
+On a dataset with modalities the run's tasks (``image->text``, ``text->image``, ...) are planned each as a
+dataset of its own and their shares submitted together, so the blocks of every task spread over the cluster
+at once; each task is then reduced as above and the reports are combined (``hashdist.report.tasks``).
 Run it through ``hashdist evaluate`` or :func:`run_evaluation`; deploy the flow
 ``evaluate`` itself (see deploy/prefect.yaml).
 """
@@ -33,7 +36,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from distributed import as_completed, wait
 from prefect import flow, task
@@ -55,7 +58,7 @@ from flows.runtime import (
 from hashdist.engine import precompile
 from hashdist.engine.cache import resolve_cache
 from hashdist.engine.compute import CodePieces, count_codes, run_blocks
-from hashdist.engine.plan import code_passes, count_shares, for_threads, metric_items, work_shares
+from hashdist.engine.plan import Plan, code_passes, count_shares, for_threads, metric_items, work_shares
 from hashdist.engine.reduction import RunResult, item_sums, reduce_blocks
 from hashdist.errors import InputError
 from hashdist.metrics.registry import headline_rows
@@ -233,10 +236,13 @@ def evaluate(
         raise InputError(f"--history: not available for a dataset with modalities ({dataset})")
     started_at = started_at or t_start
     cache_arg = resolve_cache(cache).argument
-    evaluations = {run.plan.task: _evaluate_run(run, cache_arg, progress, started_at) for run in runs}
-    evaluation = evaluations.get(None) or combine_tasks(
-        evaluations, {"startup_s": t_start - started_at}, time.time() - started_at,
-        next(iter(evaluations.values())).report["engine"])
+    results, threads = _compute(runs, cache_arg, progress, t_start)
+    evaluations = {run.plan.task: _evaluation(run, *result, threads, t_start, started_at)
+                   for run, result in zip(runs, results, strict=True)}
+    first = next(iter(evaluations.values())).report
+    timing = {"startup_s": t_start - started_at, "compute_s": max(r[2] for r in results) - t_start}  # at once
+    evaluation = evaluations.get(None) or combine_tasks(evaluations, timing, time.time() - started_at,
+                                                        first["engine"])
     if out is not None:
         evaluation.write(out, overwrite=overwrite, html=html, started_at=started_at)
     _publish_artifacts(evaluation.report)
@@ -247,23 +253,33 @@ def evaluate(
     return evaluation
 
 
-def _evaluate_run(run: PreparedRun, cache_arg, progress: bool, started_at: float) -> Evaluation:
-    """One prepared run (a dataset's, or one task's) on the cluster: its evaluation."""
-    t_start = time.time()
-    result, plan, threads, t_compute = _compute(run, cache_arg, progress, t_start)
-    timing = {"startup_s": t_start - started_at, "compute_s": t_compute - t_start, **result.timing, "write_s": 0.0,
+def _evaluation(run: PreparedRun, result: RunResult, plan: Plan, t_reduce: float, threads: int, t_start: float,
+                started_at: float) -> Evaluation:
+    """A run's (a dataset's, or one task's) evaluation from its reduced result."""
+    timing = {"startup_s": t_start - started_at, "compute_s": t_reduce - t_start, **result.timing, "write_s": 0.0,
               "wall_s": time.time() - started_at}
     engine = {"kind": "prefect-dask", "flow": "evaluate", "threads": threads, "code_parts": plan.code_parts}
     report = build_report(run.ds, plan, run.parameters, result, timing, engine)
     return Evaluation(report, result.per_query, result.bucket_sizes)
 
 
-def _compute(run: PreparedRun, cache_arg, progress: bool, t_start: float):
-    """The run's histogram shares as tasks (each taking a group of the first pass's code counts along while
-    there are groups), then the reduction on the workers: (RunResult, plan, cluster threads, time computed)."""
-    threads = cluster_threads()
-    if workers_in_this_process():  # a first run's metric functions compile in a second process meanwhile
-        precompile.start()
+@dataclass
+class _Submitted:
+    """One run's (a dataset's, or one task's) histogram shares in flight, and the parts of them taken so far."""
+
+    run: PreparedRun
+    plan: Plan
+    shares: list
+    paired: int  # shares 0..paired-1 carry a group of the first pass's code counts along
+    later_groups: list  # the first pass's other code-count groups, as plain tasks
+    items: list
+    picks: list = field(default_factory=list)
+    share_counts: dict = field(default_factory=dict)
+
+
+def _submit(run: PreparedRun, threads: int, cache_arg) -> tuple[_Submitted, dict]:
+    """The run's histogram shares as tasks, each taking a group of the first pass's code counts along while there
+    are groups: (its state, {future: share index})."""
     plan = for_threads(run.plan, threads)
     shares = work_shares(plan, max(threads, math.ceil(plan.pairs / PAIRS_PER_TASK)))
     groups, first_pass = count_shares(plan, threads), code_passes(plan)[0]
@@ -271,22 +287,44 @@ def _compute(run: PreparedRun, cache_arg, progress: bool, t_start: float):
     futures = {(share_and_counts_task.submit(plan, share, groups[i], first_pass, cache_arg) if i < paired
                 else histogram_task.submit(plan, share, cache_arg)).wrapped_future: i for i, share in enumerate(shares)}
     later_groups = [count_task.submit(plan, group, first_pass).wrapped_future for group in groups[paired:]]
-    items, picks, pairs_done, share_counts = metric_items(plan), [], 0, {}
-    client = FlowRunContext.get().task_runner.client
-    with client.as_current(), progress_bar(len(plan.histogram_blocks), progress) as bar:
-        for state in as_completed(list(futures)):  # waits without fetching: the results stay on the workers
-            i = futures.pop(state)
-            picks.append(pick_share(client, items, shares[i], state))  # its result is released once taken apart
-            if i < paired:  # its code counts apart too, now that it is known to have completed
-                share_counts[i] = client.submit(_share_counts, state)
-            pairs_done += sum(block.pairs for block in shares[i])
-            advance(bar, len(shares[i]), pairs_done, t_start)
-        _raise_failures(client, later_groups)
-        first_counts = [share_counts.pop(i) for i in range(paired)] + [client.submit(_counts, s) for s in later_groups]
-        state = later_groups = None  # the first pass's codes are referenced by first_counts alone, until counted
-        t_compute = time.time()
-        result = reduce_on_cluster(client, plan, run.params, picks, threads, first_counts)
-    return result, plan, threads, t_compute
+    return _Submitted(run, plan, shares, paired, later_groups, metric_items(plan)), futures
+
+
+def _compute(runs: tuple[PreparedRun, ...], cache_arg, progress: bool, t_start: float):
+    """Every run's histogram shares at once (the blocks of all tasks spread over the cluster together), then each
+    run's reduction on the workers: ([(RunResult, plan, time its reduction started)], cluster threads)."""
+    threads = cluster_threads()
+    if workers_in_this_process():  # a first run's metric functions compile in a second process meanwhile
+        precompile.start()
+    submitted, owner = [], {}
+    for run in runs:
+        one, futures = _submit(run, threads, cache_arg)
+        submitted.append(one)
+        owner.update({future: (one, i) for future, i in futures.items()})
+    client, pairs_done = FlowRunContext.get().task_runner.client, 0
+    blocks = sum(len(one.plan.histogram_blocks) for one in submitted)
+    with client.as_current(), progress_bar(blocks, progress) as bar:
+        for state in as_completed(list(owner)):  # waits without fetching: the results stay on the workers
+            one, i = owner.pop(state)
+            one.picks.append(pick_share(client, one.items, one.shares[i], state))  # released once taken apart
+            if i < one.paired:  # its code counts apart too, now that it is known to have completed
+                one.share_counts[i] = client.submit(_share_counts, state)
+            pairs_done += sum(block.pairs for block in one.shares[i])
+            advance(bar, len(one.shares[i]), pairs_done, t_start)
+        state = None
+        return [_reduce(client, one, threads) for one in submitted], threads
+
+
+def _reduce(client, one: _Submitted, threads: int):
+    """A run's reduction on the workers, once its shares are in: (RunResult, plan, time it started)."""
+    _raise_failures(client, one.later_groups)
+    first_counts = ([one.share_counts.pop(i) for i in range(one.paired)]
+                    + [client.submit(_counts, s) for s in one.later_groups])
+    one.later_groups = []  # the first pass's codes are referenced by first_counts alone, until counted
+    t_reduce = time.time()
+    result = reduce_on_cluster(client, one.plan, one.run.params, one.picks, threads, first_counts)
+    one.picks = []
+    return result, one.plan, t_reduce
 
 
 def run_evaluation(dataset, *, out=None, overwrite: bool = False, html: bool = True, history=None,

@@ -6,7 +6,7 @@ import os
 import threading
 import time
 
-from hashdist.compare.comparison import CheckedComparison, build_comparison, validate
+from hashdist.compare.comparison import CheckedComparison, compare_checked, validate
 from hashdist.engine.cache import resolve_cache
 from hashdist.engine.groundtruth import run_local as run_groundtruth_local
 from hashdist.engine.plan import for_threads
@@ -58,7 +58,8 @@ def evaluate_runs(runs: tuple[PreparedRun, ...], cache, threads: int | None, pro
         return evaluate_prepared(runs[0], cache, threads, progress, t0)
     evaluations = {run.plan.task: evaluate_prepared(run, cache, threads, progress, time.time()) for run in runs}
     first = next(iter(evaluations.values())).report
-    return combine_tasks(evaluations, {"startup_s": 0.0}, time.time() - t0, first["engine"])
+    compute = sum(e.report["timing"]["compute_s"] for e in evaluations.values())  # one task after the other
+    return combine_tasks(evaluations, {"startup_s": 0.0, "compute_s": compute}, time.time() - t0, first["engine"])
 
 
 def evaluate_prepared(run: PreparedRun, cache, threads: int | None, progress: bool, t0: float) -> Evaluation:
@@ -96,13 +97,12 @@ def evaluate(dataset, *, cache=None, threads: int | None = None, options: Evalua
 def run_compare(specs, options: CompareOptions, evaluate, *, out=None, overwrite: bool = False, tables=(),
                 checked: CheckedComparison | None = None) -> dict:
     """The comparison, for either engine: check every input, evaluate each run (``evaluate(run)``: a
-    :class:`hashdist.options.PreparedRun` to its :class:`Evaluation`), build the comparison
-    (:mod:`hashdist.compare.comparison`) and, with ``out``, write comparison.json and .html there (and ``tables``:
-    "latex", "markdown", the leaderboard as a table for a paper). ``checked``: the inputs already checked by the
-    caller (the CLI), not checked again."""
+    :class:`hashdist.options.PreparedRun` to its :class:`Evaluation`; on datasets with modalities each task's
+    run), build the comparison (:mod:`hashdist.compare.comparison`; one per task on datasets with modalities) and,
+    with ``out``, write comparison.json and .html there (and ``tables``: "latex", "markdown", the leaderboard as a
+    table for a paper). ``checked``: the inputs already checked by the caller (the CLI), not checked again."""
     checked = checked or validate(specs, options, out, overwrite)
-    evaluations = [[evaluate(run) for run in runs] for runs in checked.runs]
-    comparison, occupancy = build_comparison(checked.methods, checked.datasets, evaluations, options)
+    comparison, occupancy = compare_checked(checked, options, evaluate)
     comparison["provenance"] = run_provenance()
     if out is not None:
         write_comparison(out, comparison, occupancy, overwrite=overwrite, tables=tuple(tables))
@@ -113,7 +113,8 @@ def compare(specs, *, cache=None, out=None, overwrite: bool = False, tables=(), 
             checked: CheckedComparison | None = None, **keywords) -> dict:
     """Evaluate every run of every ``NAME=DATASET[,DATASET...]`` in this process and compare them (see
     :mod:`hashdist.compare.comparison`). Options: a :class:`hashdist.options.CompareOptions` as ``options=``, or
-    its fields as keywords (k, radius, permutations, bootstrap, seed). ``cache`` as for :func:`evaluate`."""
+    its fields as keywords (k, radius, permutations, bootstrap, seed, tasks: on datasets with modalities, the
+    tasks ``a->b`` compared, default their cross tasks). ``cache`` as for :func:`evaluate`."""
     options = options_of("compare", options, keywords, CompareOptions)
     return run_compare(specs, options, lambda run: evaluate_prepared(run, cache, None, False, time.time()), out=out,
                        overwrite=overwrite, tables=tables, checked=checked)

@@ -48,7 +48,7 @@ def task_label(task: str) -> str:
 
 def combine_tasks(evaluations: dict[str, Evaluation], timing: dict, wall: float, engine: dict) -> Evaluation:
     """One evaluation of the run from each task's (``evaluations``: task -> its unimodal-shaped evaluation);
-    ``timing`` (e.g. startup_s) gets the tasks' compute_s summed and the run's ``wall`` seconds."""
+    ``timing`` (startup_s, compute_s) gets write_s and the run's ``wall`` seconds."""
     tasks = {task: {k: v for k, v in e.report.items() if k not in RUN_KEYS} for task, e in evaluations.items()}
     first = next(iter(evaluations.values())).report
     dataset = {**{k: first["dataset"][k] for k in ("path", "nbits", "n_database", "n_queries", "relevance")},
@@ -56,8 +56,7 @@ def combine_tasks(evaluations: dict[str, Evaluation], timing: dict, wall: float,
                "fingerprint": combine_digests(f"{t}={r['dataset']['fingerprint']}" for t, r in tasks.items())}
     parameters = {**{k: v for k, v in first["parameters"].items() if k != "task"}, "tasks": list(tasks)}
     pairs = sum(e.report["throughput"]["pairs"] for e in evaluations.values())
-    compute = sum(e.report["timing"].get("compute_s", 0.0) for e in evaluations.values())
-    timing = {**timing, "compute_s": compute, "write_s": 0.0, "wall_s": wall}
+    timing = {**timing, "write_s": 0.0, "wall_s": wall}
     report = {"format": REPORT_MARKER, "tasks": tasks, "task_mean": task_mean(tasks), "dataset": dataset,
               "parameters": parameters, "provenance": provenance(dataset["fingerprint"], parameters),
               "timing": timing, "throughput": {"pairs": pairs, "pairs_per_s": pairs / wall if wall else None},

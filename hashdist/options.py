@@ -168,8 +168,7 @@ class EvaluateOptions:
         ds = open_dataset(dataset, self.tasks[0] if self.tasks else None)
         if not ds.modalities:
             return (self.resolve(ds),)
-        return tuple(self.resolve(ds if task == ds.task else open_dataset(dataset, task))
-                     for task in self.tasks or ds.tasks)
+        return tuple(self.resolve(ds.for_task(task)) for task in self.tasks or ds.tasks)
 
     def resolve(self, dataset) -> PreparedRun:
         """Open the dataset (a path, or a :class:`Dataset` already open: a task's view), check the options against
@@ -368,8 +367,8 @@ def split_keywords(function: str, keywords: dict, *classes) -> list[dict]:
 
 @dataclass(frozen=True, kw_only=True)
 class CompareOptions:
-    """What ``hashdist compare`` computes: the cut-offs and radii every method is evaluated at, and the tests'
-    and intervals' resampling."""
+    """What ``hashdist compare`` computes: the cut-offs and radii every method is evaluated at, the tests'
+    and intervals' resampling, and on datasets with modalities the tasks compared."""
 
     k: tuple[int, ...] = field(default=DEFAULT_K, metadata=option("cut-offs K (default {default})", type=int,
                                                                   nargs="+"))
@@ -380,6 +379,10 @@ class CompareOptions:
     bootstrap: int = DEFAULT_BOOTSTRAP  # resamples of each bootstrap interval (Python API only)
     seed: int = field(default=DEFAULT_SEED, metadata=option(
         "seed of the randomisation tests and bootstrap (default {default})"))
+    tasks: tuple[str, ...] = field(default=(), metadata=option(
+        "datasets with modalities: compare on the task QUERY->DATABASE (repeatable), e.g. image->text; default: "
+        "the datasets' cross tasks (image->text and text->image), each compared on its own", flag="--task",
+        action="append", metavar="A->B"))
 
     def __post_init__(self):
         object.__setattr__(self, "k", _listed(self.k, "--k / k=", _NUMBER, "a number"))
@@ -387,12 +390,13 @@ class CompareOptions:
         check_integer(self.permutations, "--permutations")
         check_integer(self.bootstrap, "bootstrap=")
         check_integer(self.seed, "--seed", 0)
-        self.evaluate_options  # noqa: B018 - K and radii checked as evaluate's
+        # K, radii and tasks checked as evaluate's; the tasks as it normalises them (a→b, spaces: a->b)
+        object.__setattr__(self, "tasks", self.evaluate_options.tasks)
 
     @property
     def evaluate_options(self) -> EvaluateOptions:
-        """What each method's datasets are evaluated with."""
-        return EvaluateOptions(k=self.k, radius=self.radius)
+        """What each method's datasets (each task's view) are evaluated with."""
+        return EvaluateOptions(k=self.k, radius=self.radius, tasks=self.tasks)
 
 
 def closest(word: str, known: list[str]) -> str | None:

@@ -182,6 +182,10 @@ class Dataset:
             self.fingerprints[f"{side}/codes"] = self.fingerprints[stored]
         return f"{a}{TASK_ARROW}{b}"
 
+    def for_task(self, task: str) -> Dataset:
+        """The same dataset (already validated: every modality's arrays) read for another task."""
+        return self if task == self.task else Dataset(self.url, self.group, task)
+
     @property
     def tasks(self) -> tuple[str, ...]:
         """The tasks a run evaluates by default: the cross ones (none for a dataset without modalities)."""

@@ -7,6 +7,7 @@ it is either the previous complete report or the new one, never half of each.
 from __future__ import annotations
 
 import datetime
+import functools
 import html
 import json
 import math
@@ -39,6 +40,7 @@ REPORT_MARKER = "hashdist-report"
 _PACKAGES = ("hashdist", "numpy", "numba", "zarr", "scipy", "prefect", "prefect-dask", "dask", "distributed")
 
 
+@functools.cache  # what this process has loaded: read once
 def _version(name: str) -> str | None:
     try:
         return metadata.version(name)
@@ -46,8 +48,10 @@ def _version(name: str) -> str | None:
         return None
 
 
+@functools.cache
 def source_commit() -> str | None:
-    """The git commit of the hashdist source tree, when it is a checkout."""
+    """The git commit of the hashdist source tree, when it is a checkout (read once: the code this process runs
+    was loaded from it)."""
     root = Path(__file__).resolve().parents[2]
     try:
         out = subprocess.run(

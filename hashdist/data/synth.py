@@ -64,7 +64,7 @@ PRESETS: dict[str, dict] = {
     # item; the text code is the image code with each bit flipped again with probability text_noise
     "mirflickr25k-xm": dict(
         n_database=18_015, n_queries=2_000, nbits=64, labels="multilabel", n_concepts=24,
-        labels_per_item=1.9, noise=0.15, collision=0.0, text_noise=0.1,
+        labels_per_item=1.9, noise=0.08, collision=0.0, text_noise=0.06,
     ),
     # collapsed supervised codes: 200 codes per class hold 99% of the items (about 2% distinct rows)
     "collisions": dict(

@@ -820,3 +820,141 @@ def auc_list(gr):
         else:
             irrelevant_after -= 1
     return Fraction(correct, n_rel * n_irr)
+
+
+# ----------------------------------------------------------------------------
+# cross-modal scripts (docs/metrics.md, section 5c): DCMH's calc_map and DCMH-PyTorch's calc_map_k
+# ----------------------------------------------------------------------------
+# Transcribed line by line into numpy from the originals, read at these commits:
+#   calc_map:   lelan-li/SSAH utils/calc_hammingranking.py (05f9b87e), the DCMH TensorFlow file
+#               (jiangqy/DCMH-CVPR2017 DCMH_tensorflow/.../utils/calc_hammingranking.py) verbatim; the same
+#               lines in WendellGul/DCMH utils.py (04099f92) and zs-zhong/DJSRH metric.py::calculate_map (f6deff20)
+#   calc_map_k: WendellGul/DCMH utils.py (9294e468), torch replaced by numpy
+# Codes are {-1,+1} rows, labels {0,1} rows (one-hot for classes); the Hamming distance is the scripts'
+# 0.5 * (B - q.b). The only change to calc_map: np.linspace(1, tsum, tsum) is given int(tsum) (a float
+# ``num`` raises TypeError on current NumPy). ``kind`` is np.argsort's: the scripts use the default
+# ("quicksort", not stable), torch.sort is not stable either; "stable" keeps database order in ties.
+
+
+def dcmh_hamming(B1, B2):
+    """DCMH ``calc_hammingDist``: 0.5 * (q - B1 . B2^T) for {-1,+1} codes."""
+    q = B2.shape[1]
+    return 0.5 * (q - np.dot(B1, B2.transpose()))
+
+
+def dcmh_calc_map(qB, rB, query_L, retrieval_L, kind="quicksort"):
+    """DCMH ``calc_map``: AP over the whole ranking normalised by R; a query with R = 0 adds 0 to the sum but
+    counts in ``num_query``."""
+    num_query = query_L.shape[0]
+    map = 0
+    for iter in range(num_query):
+        gnd = (np.dot(query_L[iter, :], retrieval_L.transpose()) > 0).astype(np.float32)
+        hamm = dcmh_hamming(qB[iter, :], rB)
+        ap = dcmh_ap(gnd, hamm, kind)
+        if ap is None:
+            continue
+        map = map + ap
+    map = map / num_query
+    return map
+
+
+def dcmh_ap(gnd, hamm, kind="quicksort"):
+    """The body of calc_map's loop for one query (None where it says ``continue``)."""
+    tsum = np.sum(gnd)
+    if tsum == 0:
+        return None
+    ind = np.argsort(hamm, kind=kind)
+    gnd = gnd[ind]
+    count = np.linspace(1, tsum, int(tsum))
+    tindex = np.asarray(np.where(gnd == 1)) + 1.0
+    return np.mean(count / (tindex))
+
+
+def dcmh_calc_map_k(qB, rB, query_L, retrieval_L, k=None, kind="quicksort", dtype=np.float32):
+    """DCMH-PyTorch ``calc_map_k``: per query, with total = min(k, R), the mean of i / rank_i over the first
+    ``total`` relevant items of the whole ranking (not cut at rank k); R = 0 adds 0 but counts in num_query.
+
+    ``dtype``: the script computes in float32 (``.type(torch.float32)``); float64 for comparisons at 1e-12.
+    """
+    num_query = query_L.shape[0]
+    map = 0
+    if k is None:
+        k = retrieval_L.shape[0]
+    for iter in range(num_query):
+        q_L = query_L[iter]
+        if len(q_L.shape) < 2:
+            q_L = q_L[None, :]  # unsqueeze(0)
+        gnd = (q_L @ retrieval_L.transpose() > 0).squeeze().astype(dtype)
+        hamm = dcmh_hamming(qB[iter, :][None, :], rB)  # calc_hammingDist unsqueezes B1: shape (1, n)
+        ap = dcmh_ap_k(gnd, hamm, k, kind, dtype)
+        if ap is None:
+            continue
+        map = map + ap
+    map = map / num_query
+    return map
+
+
+def dcmh_ap_k(gnd, hamm, k, kind="quicksort", dtype=np.float32):
+    """The body of calc_map_k's loop for one query (None where it says ``continue``)."""
+    tsum = np.sum(gnd)
+    if tsum == 0:
+        return None
+    ind = np.argsort(hamm, kind=kind)  # torch.sort(hamm) along the last axis
+    ind = ind.reshape(-1)  # ind.squeeze_(): (1, n) -> (n,) (and a 1-item database stays 1-D)
+    gnd = gnd[ind]
+    total = min(k, int(tsum))
+    count = np.arange(1, total + 1).astype(dtype)
+    tindex = np.nonzero(gnd)[0][:total].astype(dtype) + dtype(1.0)  # torch.nonzero(gnd)[:total].squeeze() + 1.0
+    return np.mean(count / tindex)
+
+
+def dcmh_scripts_on_ranked(ranked, k=None):
+    """(calc_map, calc_map_k) of explicit ranked grade lists, one per query, through the scripts' loop bodies
+    (float64): each list is given increasing distances, so every sort keeps its order."""
+    aps, aps_k = [], []
+    for gr in ranked:
+        gnd = (np.asarray(gr, dtype=np.int64) >= 1).astype(np.float64)
+        hamm = np.arange(len(gr), dtype=np.float64)
+        aps.append(dcmh_ap(gnd, hamm) or 0.0)
+        aps_k.append(dcmh_ap_k(gnd, hamm, len(gr) if k is None else k, dtype=np.float64) or 0.0)
+    return math.fsum(aps) / len(ranked), math.fsum(aps_k) / len(ranked)
+
+
+def first_hits_list(gr, k):
+    """calc_map_k's value of one ranked list, exactly: with m = min(k, R), (1/m) sum_{i<=m} i / rank_i over the
+    first m relevant items (wherever they rank); None when R = 0."""
+    m = min(k, _n_relevant(gr))
+    if m == 0:
+        return None
+    hits, s = 0, Fraction(0)
+    for rank, g in enumerate(gr, start=1):
+        if g >= 1 and hits < m:
+            hits += 1
+            s += Fraction(hits, rank)
+    return s / m
+
+
+def first_hits_expected_positionwise(dist, grade, k):
+    """E[calc_map_k] over tie orders from the distribution of each relevant item's rank (NaN when R = 0).
+
+    In a tie group of n items with r relevant, after N items and R' relevant ones, the j-th relevant item of the
+    group (the (R'+j)-th overall) is at group slot x with P = C(x-1, j-1) C(n-x, r-j) / C(n, r) (the j-th
+    smallest of r slots drawn from n); the terms (R'+j) P / (N+x) are summed with math.fsum over the first
+    m = min(k, R) relevant items. Costs sum over groups of (relevant items used) x n.
+    """
+    groups = group_sizes(dist, grade)
+    R = sum(g[2] for g in groups)
+    if R == 0:
+        return NAN
+    m = min(k, R)
+    terms, N, Rp = [], 0, 0
+    for _, n, r, _ in groups:
+        total = math.comb(n, r)
+        for j in range(1, min(r, m - Rp) + 1):
+            for x in range(j, n - r + j + 1):
+                terms.append((Rp + j) * (math.comb(x - 1, j - 1) * math.comb(n - x, r - j) / total) / (N + x))
+        N += n
+        Rp += r
+        if Rp >= m:
+            break
+    return math.fsum(terms) / m

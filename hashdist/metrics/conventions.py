@@ -15,10 +15,12 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+from numba import njit
 
-from hashdist.kernels import cached_njit
+from hashdist.kernels import cached_njit, jit_helper
 from hashdist.metrics import ranking as rk
-from hashdist.metrics.ranking import _WORST, _boundary, _group_precision_sum
+from hashdist.metrics.harmonic import harmonic_diff, tie_sum
+from hashdist.metrics.ranking import _BEST, _WORST, _boundary, _group_precision_sum
 from hashdist.metrics.registry import BY_KEY, POLICIES, per_query_key
 
 
@@ -99,20 +101,151 @@ def hashnet_key(k, name: str) -> str:
 
 
 def per_query_values(H: np.ndarray, params) -> dict[str, np.ndarray]:
-    """hashnet's per-query arrays at every K of ``params.ks`` when ``params.conventions`` asks for it.
+    """What the requested conventions need per query besides the registry's values, at every K of ``params.ks``.
 
-    ``worst`` is the worst AP@K 'retrieved' given that the query is in the mean (NaN when it never is).
+    hashnet: ``state``, ``p`` and ``worst``, the worst AP@K 'retrieved' given that the query is in the mean
+    (NaN when it never is). dcmh_topk: its value per tie policy (:func:`dcmh_topk_values`). dcmh reads the
+    registry's AP (``ap/<policy>``) and needs nothing more.
     """
-    if "hashnet" not in params.conventions:
-        return {}
-    n, r = rk.group_counts(H)
     out = {}
-    for k in params.ks:
-        state, p, worst = np.empty(n.shape[0], np.int8), np.empty(n.shape[0]), np.empty(n.shape[0])
-        _hashnet_inclusion(n, r, int(k), state, p, worst)
-        worst = np.where(state == ALWAYS, rk.average_precision_at_k(H, k, "retrieved", "worst"), worst)
-        out.update({hashnet_key(k, "state"): state, hashnet_key(k, "p"): p, hashnet_key(k, "worst"): worst})
+    if "hashnet" in params.conventions:
+        n, r = rk.group_counts(H)
+        for k in params.ks:
+            state, p, worst = np.empty(n.shape[0], np.int8), np.empty(n.shape[0]), np.empty(n.shape[0])
+            _hashnet_inclusion(n, r, int(k), state, p, worst)
+            worst = np.where(state == ALWAYS, rk.average_precision_at_k(H, k, "retrieved", "worst"), worst)
+            out.update({hashnet_key(k, "state"): state, hashnet_key(k, "p"): p, hashnet_key(k, "worst"): worst})
+    if "dcmh_topk" in params.conventions:
+        for k in params.ks:
+            out.update({dcmh_topk_key(k, policy): dcmh_topk_values(H, k, policy) for policy in POLICIES})
     return out
+
+
+# -- dcmh_topk: DCMH-PyTorch's calc_map_k --------------------------------------------
+
+
+_TAIL = 1e-20  # dcmh_topk's expected value: weights below this fraction of the mode's are left out
+
+
+@jit_helper
+def _first_hit_position_window(n, r, J):
+    """(lo, weight of lo relative to the mode) of X_J, the position of the J-th of r relevant items in a group of
+    n items in random order (1 <= J < r): P(X_J = z) = C(z-1, J-1) C(n-z, r-J) / C(n, r), J <= z <= n-r+J.
+
+    The pmf is log-concave, largest near z = n(J-1)/(r-1) + 1; walking down from there with the ratio
+    P(z-1)/P(z) = (z-J)(n-z+1) / ((z-1)(n-z-r+J+1)), lo is where the weight first falls below _TAIL.
+    """
+    low, high = J, n - r + J
+    z = min(max(int(n * ((J - 1) / (r - 1))) + 1, low), high)
+    w = 1.0
+    while z > low:
+        down = w * (float(z - J) * (n - z + 1)) / (float(z - 1) * (n - z - r + J + 1))
+        if down < _TAIL:
+            break
+        w = down
+        z -= 1
+    return z, w
+
+
+@jit_helper
+def _expected_first_hits(N, n, r, Rp, J):
+    """E[sum_{j<=J} (Rp+j) / (N+X_j)] for X_1 < ... < X_r the positions of the r relevant items of a group of n
+    items in random order (1 <= J < r), N items and Rp relevant items before the group.
+
+    Given X_J = z the first J-1 relevant items are a random (J-1)-subset of the z-1 slots before it: a group of
+    z-1 items holding J-1 relevant, whose expected precision sum is the AP closed form
+    ((J-1)/(z-1)) [(Rp+1) dH(N, N+z-1) + ((J-2)/(z-2)) T(N, z-1)]; to it add (Rp+J)/(N+z), and average over
+    z with the pmf of X_J. The sweep runs upward from the window's lower end (:func:`_first_hit_position_window`)
+    with the pmf's ratio recurrence and dH, T updated by one positive term per step (compensated), until the
+    weight past the mode falls below _TAIL. Cost: O(window) <= O(n - r + 1), about 20 standard deviations of
+    X_J (~ 20 (n/r) sqrt(J (r-J) / r)); no binomial is ever formed, so nothing overflows.
+    """
+    z, w = _first_hit_position_window(n, r, J)
+    dh, dh_c = harmonic_diff(N, N + z - 1), 0.0
+    ts, ts_c = tie_sum(N, z - 1), 0.0
+    total, total_w, peak = 0.0, 0.0, w
+    while True:
+        h, t = dh + dh_c, ts + ts_c
+        before = 0.0
+        if J > 1:
+            a = (J - 2) / (z - 2) if z > 2 else 0.0
+            before = ((J - 1) / (z - 1)) * ((Rp + 1) * h + a * t)
+        total += w * (before + (Rp + J) / (N + z))
+        total_w += w
+        if z >= n - r + J:
+            break
+        dh, dh_c = _add(dh, dh_c, 1.0 / (N + z))
+        ts, ts_c = _add(ts, ts_c, (z - 1) / (N + z))
+        w *= (float(z) * (n - z - r + J)) / (float(z - J + 1) * (n - z))
+        z += 1
+        peak = max(peak, w)
+        if w < _TAIL * peak:
+            break
+    return total / total_w
+
+
+@njit(inline="always")
+def _add(s, c, x):
+    """Neumaier's compensated s + x: (new sum, new compensation)."""
+    t = s + x
+    c += (s - t) + x if abs(s) >= abs(x) else (x - t) + s
+    return t, c
+
+
+@jit_helper
+def _first_hits_sum(policy, N, n, r, Rp, J):
+    """Sum of (Rp+j)/rank_j over the first J (1 <= J <= r) relevant items of a group (docs/metrics.md, 5c).
+
+    best: relevant items first, they take the group's first J slots; worst: last, slots n-r+1..n-r+J; both
+    are AP's precision sums over that many slots. J = r: the whole group, AP's closed form for every policy.
+    """
+    if J == r:
+        return _group_precision_sum(policy, N, n, r, Rp, n)
+    if policy == _BEST:
+        return _group_precision_sum(_BEST, N, n, r, Rp, J)
+    if policy == _WORST:
+        return _group_precision_sum(_WORST, N, n, r, Rp, n - r + J)
+    return _expected_first_hits(N, n, r, Rp, J)
+
+
+@cached_njit(nogil=True)
+def _dcmh_topk(n, r, K, policy, out):
+    for q in range(n.shape[0]):
+        R = 0
+        for d in range(r.shape[1]):
+            R += r[q, d]
+        if R == 0:
+            out[q] = 0.0
+            continue
+        m = min(K, R)
+        S, N, Rp = 0.0, 0, 0
+        for d in range(n.shape[1]):
+            if Rp + r[q, d] >= m:  # the group holding the m-th relevant item
+                S += _first_hits_sum(policy, N, n[q, d], r[q, d], Rp, m - Rp)
+                break
+            S += _group_precision_sum(policy, N, n[q, d], r[q, d], Rp, n[q, d])
+            N += n[q, d]
+            Rp += r[q, d]
+        out[q] = S / m
+
+
+def dcmh_topk_values(H, k, policy: str = "expected") -> np.ndarray:
+    """DCMH-PyTorch ``calc_map_k(k=K)`` per query: with m = min(K, R), (1/m) sum_{i<=m} i / rank_i over the
+    first m relevant items wherever they rank (the list is not cut at K); 0 for a query with R = 0.
+
+    best/worst: relevant items first/last in every tie group (each rank_i is then smallest/largest);
+    expected: exact over tie orders. Cost per query: O(groups) plus, for expected, the window of the group
+    holding the m-th relevant item (:func:`_expected_first_hits`).
+    """
+    n, r = rk.group_counts(H)
+    out = np.empty(n.shape[0])
+    _dcmh_topk(n, r, rk._check_k(k), rk._policy(policy), out)
+    return out
+
+
+def dcmh_topk_key(k, policy: str) -> str:
+    """Per-query array of dcmh_topk at K under a tie policy."""
+    return f"dcmh_topk/{k}/{policy}"
 
 
 # -- the means ------------------------------------------------------------------
@@ -185,24 +318,29 @@ def _hashnet(expected: np.ndarray, best: np.ndarray, worst: np.ndarray, state: n
             "worst": extreme_mean(worst[always], worst[sometimes], False)}
 
 
+def _map_at_k(per_query: dict[str, np.ndarray], name: str, k) -> dict:
+    """{expected, best, worst} of a convention reported by K."""
+    if name == "dcmh_topk":
+        return {policy: _mean(per_query[dcmh_topk_key(k, policy)]) for policy in POLICIES}
+    measure, convention = BY_KEY["map_at_k"], BY_NAME[name]
+    ap = {policy: per_query[per_query_key(measure, k, convention.normaliser, policy)] for policy in POLICIES}
+    if name == "deephash":
+        return {policy: _mean(np.nan_to_num(v, nan=0.0)) for policy, v in ap.items()}
+    if name == "trec":
+        relevant = per_query["relevant"] > 0
+        return {policy: _mean(v[relevant]) for policy, v in ap.items()}
+    return _hashnet(ap["expected"], ap["best"], per_query[hashnet_key(k, "worst")],
+                    per_query[hashnet_key(k, "state")], per_query[hashnet_key(k, "p")])
+
+
 def conventions_report(per_query: dict[str, np.ndarray], names, ks) -> dict:
-    """``{name: {"map_at_k": {str(K): {expected, best, worst}}}}`` from the per-query values of every query."""
-    measure = BY_KEY["map_at_k"]
-    relevant = per_query["relevant"] > 0
+    """``{name: {"map_at_k": {str(K): {expected, best, worst}}}}`` from the per-query values of every query;
+    ``{"map": {expected, best, worst}}`` for dcmh (AP over the whole ranking: no K)."""
     out = {}
     for name in names:
-        convention = BY_NAME[name]
-        if convention.key != "map_at_k" or not convention.normaliser:
-            raise NotImplementedError(f"convention {name!r}: being implemented")
-        by_k = {}
-        for k in ks:
-            ap = {policy: per_query[per_query_key(measure, k, convention.normaliser, policy)] for policy in POLICIES}
-            if name == "deephash":
-                by_k[str(k)] = {policy: _mean(np.nan_to_num(v, nan=0.0)) for policy, v in ap.items()}
-            elif name == "trec":
-                by_k[str(k)] = {policy: _mean(v[relevant]) for policy, v in ap.items()}
-            else:
-                by_k[str(k)] = _hashnet(ap["expected"], ap["best"], per_query[hashnet_key(k, "worst")],
-                                        per_query[hashnet_key(k, "state")], per_query[hashnet_key(k, "p")])
-        out[name] = {"map_at_k": by_k}
+        if BY_NAME[name].key == "map":  # dcmh: the registry's AP, 0 for R = 0, over every query
+            ap = {policy: per_query[per_query_key(BY_KEY["map"], policy=policy)] for policy in POLICIES}
+            out[name] = {"map": {policy: _mean(np.nan_to_num(v, nan=0.0)) for policy, v in ap.items()}}
+        else:
+            out[name] = {"map_at_k": {str(k): _map_at_k(per_query, name, k) for k in ks}}
     return out

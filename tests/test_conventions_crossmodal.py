@@ -8,6 +8,7 @@ every tie order is enumerated (Fractions) on small cases, and on larger random d
 give best and worst (relevant items moved first / last inside ties) and lie in [worst, best] under any sort.
 """
 
+import json
 import math
 import time
 from fractions import Fraction
@@ -17,6 +18,7 @@ import pytest
 from scipy.stats import hypergeom
 
 import hashdist
+from hashdist.cli import main
 from hashdist.metrics.conventions import BY_NAME, conventions_report, dcmh_topk_values
 from hashdist.metrics.summary import MetricParams, per_query_metrics
 from tests import reference as ref
@@ -336,3 +338,26 @@ def test_millions_of_tied_items_do_not_overflow():
     values = [dcmh_topk_values(H, 2_000_000, p)[0] for p in POLICIES]
     assert time.perf_counter() - start < 2.0
     assert all(np.isfinite(values)) and values[2] < values[0] < values[1]
+
+
+# --- the command line and the report page -------------------------------------------------------------
+
+
+def test_cli_prints_dcmh_as_one_map_and_dcmh_topk_by_k(class_dataset, tmp_path, capsys):
+    out = tmp_path / "r"
+    argv = ["evaluate", class_dataset, "--out", str(out), "--engine", "local", "--no-cache", "--k", "5", "100",
+            "--convention", "dcmh", "--convention", "dcmh_topk"]
+    assert main(argv) == 0
+    text = capsys.readouterr().out.splitlines()
+    report = json.loads((out / "report.json").read_text())
+    assert list(report["conventions"]) == list(NAMES) and (out / "report.html").exists()
+    for name, script, rows in (("dcmh", "DCMH calc_map", [("mAP", ("map",))]),
+                               ("dcmh_topk", "calc_map_k(k=K)", [("mAP@5", ("map_at_k", "5")),
+                                                                 ("mAP@100", ("map_at_k", "100"))])):
+        heading = next(line for line in text if line.startswith(f"{name}: "))
+        assert script in heading and BY_NAME[name].averaged in heading
+        for offset, (label, path) in enumerate(rows, start=2):
+            values = report["conventions"][name]
+            for key in path:
+                values = values[key]
+            assert text[text.index(heading) + offset].split() == [label, *(f"{values[p]:.4f}" for p in POLICIES)]

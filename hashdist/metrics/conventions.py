@@ -1,12 +1,14 @@
-"""mAP@K as published evaluation scripts compute it, with its tie interval (docs/metrics.md, section 3b).
+"""mAP as published evaluation scripts compute it, with its tie interval (docs/metrics.md, sections 3b and 5c).
 
-A convention fixes the AP@K normaliser and the queries in the mean; its query set ignores
-``--empty-queries``. Per query it reads the registry's AP@K values (``ap_at_k/K/<normaliser>/<policy>``).
+A convention fixes what is averaged (AP@K with one normaliser, or the cross-modal scripts' measures) and the
+queries in the mean; its query set ignores ``--empty-queries``. Per query it reads the registry's AP@K values
+(``ap_at_k/K/<normaliser>/<policy>``) or, for ``dcmh``, AP over the whole ranking (``ap/<policy>``).
 HashNet's query set (a relevant item in the top K) can depend on the tie order, so ``hashnet`` also needs,
-per query, whether and how likely it is in the mean and its worst AP@K given that it is
-(:func:`per_query_values`). :func:`conventions_report` turns the per-query values of every query into
-``report["conventions"][name]["map_at_k"][str(K)] = {expected, best, worst}``; a mean over no query is 0
-for ``hashnet`` (as section 3b says) and NaN for ``trec``.
+per query, whether and how likely it is in the mean and its worst AP@K given that it is; ``dcmh_topk``
+(DCMH-PyTorch's ``calc_map_k``) needs its own per-query values (:func:`per_query_values`).
+:func:`conventions_report` turns the per-query values of every query into
+``report["conventions"][name]["map_at_k"][str(K)] = {expected, best, worst}`` (``["map"]`` for ``dcmh``,
+which has no K); a mean over no query is 0 for ``hashnet`` (as section 3b says) and NaN for the others.
 """
 
 from __future__ import annotations
@@ -40,8 +42,8 @@ class Convention:
 
 
 CONVENTIONS: tuple[Convention, ...] = (
-    Convention("deephash", "DeepHash-pytorch CalcTopMap(topk=K); DJSRH/JDSH calculate_top_map(topk=K), "
-               "reported at K = 50", "retrieved", "every query; 0 for one with no relevant item in the top K"),
+    Convention("deephash", "DeepHash-pytorch CalcTopMap(topk=K) (also DJSRH/JDSH calculate_top_map(topk=K), "
+               "at K = 50)", "retrieved", "every query; 0 for one with no relevant item in the top K"),
     Convention("hashnet", "HashNet's mean_average_precision(R=K)", "retrieved",
                "queries with a relevant item in the top K"),
     Convention("trec", "trec_eval map_cut_K, ranx map@K", "total", "queries with R > 0"),

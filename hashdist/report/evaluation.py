@@ -168,9 +168,11 @@ def convention_tables(report: dict) -> list[tuple[str, list[str], list[list[str]
     out = []
     for name, values in report.get("conventions", {}).items():
         c = BY_NAME[name]
-        caption = (f"{name}: mAP@K as {c.reproduces} computes it (AP@K '{c.normaliser}', mean over {c.queries}; "
+        what = "mAP@K" if c.key == "map_at_k" else "mAP"
+        caption = (f"{name}: {what} as {c.reproduces} computes it ({c.averaged}, mean over {c.queries}; "
                    "docs/metrics.md, section 3b)")
-        rows = [[f"mAP@{k}", *(fmt(v[p]) for p in POLICIES)] for k, v in values["map_at_k"].items()]
+        rows = ([["mAP", *(fmt(values["map"][p]) for p in POLICIES)]] if "map" in values
+                else [[f"mAP@{k}", *(fmt(v[p]) for p in POLICIES)] for k, v in values["map_at_k"].items()])
         out.append((caption, ["metric", *POLICIES], rows))
     return out
 

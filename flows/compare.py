@@ -4,7 +4,9 @@ Each method's dataset (each run's, with ``NAME=DS1,DS2,...``) is evaluated by th
 ``evaluate`` flow as a subflow (its blocks run on the Dask cluster; the block cache is
 shared, so a rerun computes nothing), one after the other. Every input is checked once
 before anything runs (the same driver as ``--engine local``), and each subflow takes its
-checked run. Run it through ``hashdist compare`` or :func:`run_comparison`.
+checked run. On datasets with modalities each task's run is evaluated on its own (the
+``evaluate`` flow's report over that one task, taken apart again) and the comparison is built
+per task. Run it through ``hashdist compare`` or :func:`run_comparison`.
 """
 
 from __future__ import annotations
@@ -16,8 +18,10 @@ from flows.evaluate import evaluate
 from flows.runtime import api_for_workers, cache_parameter, handed_over, taken, task_runner
 from hashdist.api import run_compare
 from hashdist.compare.comparison import validate
-from hashdist.options import CompareOptions, ExecutionOptions, split_keywords
+from hashdist.options import CompareOptions, ExecutionOptions, PreparedRun, split_keywords
 from hashdist.report.comparison import leaderboard_rows
+from hashdist.report.document import Evaluation
+from hashdist.report.tasks import RUN_KEYS, task_label
 
 
 @flow(name="compare", persist_result=False, log_prints=True)
@@ -35,17 +39,30 @@ def compare(
     runner = task_runner(**execution.cluster)
     cache = cache_parameter(execution.cache)
 
-    def evaluate_on_cluster(run):
-        with handed_over(run) as key:
-            return evaluate.with_options(task_runner=runner)(dataset=run.ds.url, options=options.evaluate_options,
-                                                             cache=cache, progress=execution.progress, prepared=key)
+    def evaluate_on_cluster(run: PreparedRun) -> Evaluation:
+        with handed_over((run,)) as key:  # the evaluate flow takes a run per task
+            evaluation = evaluate.with_options(task_runner=runner)(
+                dataset=run.ds.url, options=options.evaluate_options, cache=cache, progress=execution.progress,
+                prepared=key)
+        return _one_task(evaluation, run.plan.task)
 
     comparison = run_compare(methods, options, evaluate_on_cluster, out=out, overwrite=overwrite, tables=tables,
                              checked=taken(checked))
-    header, rows = leaderboard_rows(comparison)
-    create_table_artifact(table=[dict(zip(header, row, strict=True)) for row in rows], key="hashdist-comparison",
-                          description="hashdist leaderboard (methods by expected mAP)")
+    per_task = comparison.get("tasks") or {None: comparison}
+    table = [{**({"task": task_label(task)} if task else {}), **dict(zip(header, row, strict=True))}
+             for task, sub in per_task.items() for header, rows in [leaderboard_rows(sub)] for row in rows]
+    create_table_artifact(table=table, key="hashdist-comparison", description="hashdist leaderboard (methods by "
+                          f"expected mAP{', per task' if 'tasks' in comparison else ''})")
     return comparison
+
+
+def _one_task(evaluation: Evaluation, task: str | None) -> Evaluation:
+    """The evaluation of one task's run as the local engine gives it: the evaluate flow reports a run over tasks
+    (``report["tasks"]``, arrays per task) even for one task."""
+    if task is None or "tasks" not in evaluation.report:
+        return evaluation
+    report = {**{k: v for k, v in evaluation.report.items() if k in RUN_KEYS}, **evaluation.report["tasks"][task]}
+    return Evaluation(report, evaluation.per_query[task], evaluation.bucket_sizes[task])
 
 
 def run_comparison(methods, *, out=None, overwrite: bool = False, tables=(), options: CompareOptions | None = None,

@@ -49,6 +49,12 @@ With repeated runs (T > 1) the run is the unit of the statistics:
   ``ground_truth`` holds one digest per run.
 
 Every method uses the same evaluated queries in a run: those with at least one relevant item.
+
+Datasets with modalities (cross-modal retrieval, docs/cross-modal.md): every method's datasets have them (a
+mix with datasets without modalities is refused), and the comparison runs per task ``a->b`` (``--task``, default
+the datasets' cross tasks, which must then be the same for all). The ground truth is checked once (the labels
+are the pair's); each task's comparison is the one above of the datasets' task views, and the document is
+``{"format", "tasks": {task: comparison}, "task_order": [task, ...], "provenance", "outputs"}``.
 """
 
 from __future__ import annotations
@@ -61,7 +67,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from hashdist.data.dataset import Dataset, chunk_digest, combine_digests, open_dataset
+from hashdist.data.dataset import Dataset, chunk_digest, combine_digests, open_dataset, parse_task
 from hashdist.errors import InputError
 from hashdist.metrics.registry import AP_EXPECTED, BY_KEY, headline_rows, per_query_key
 from hashdist.metrics.stats import (
@@ -319,18 +325,84 @@ def _ground_truth_digest(ds: Dataset) -> str:
 
 
 class CheckedComparison(NamedTuple):
-    """A comparison's inputs, checked: its methods, their runs' datasets, and each run checked for evaluation."""
+    """A comparison's inputs, checked: its methods, their runs' datasets, and each run checked for evaluation,
+    by task (``runs[task][i][t]``: method i's run t; the one key None when the datasets have no modalities)."""
 
     methods: list[Method]
     datasets: list[list[Dataset]]
-    runs: list[list[PreparedRun]]
+    runs: dict[str | None, list[list[PreparedRun]]]
+
+    @property
+    def tasks(self) -> tuple[str, ...]:
+        """The tasks compared, in order (none for datasets without modalities)."""
+        return tuple(task for task in self.runs if task is not None)
+
+
+def _kind(ds: Dataset) -> str:
+    if not ds.modalities:
+        return "a dataset without modalities"
+    names = dict.fromkeys(name for side in ds.modalities.values() for name in side)
+    return f"a dataset with modalities ({', '.join(names)})"
+
+
+def comparison_tasks(methods: list[Method], datasets: list[list[Dataset]], options: CompareOptions
+                     ) -> tuple[str, ...]:
+    """The tasks the comparison runs: none when the datasets have no modalities, else ``--task`` or the datasets'
+    cross tasks. Every dataset has modalities or none does, and every one has the tasks."""
+    first, ref = datasets[0][0], methods[0]
+    for method, runs in zip(methods, datasets, strict=True):
+        for t, ds in enumerate(runs):
+            if bool(ds.modalities) != bool(first.modalities):
+                raise InputError(f"{method.where(t)}: {_kind(ds)}, but {ref.where(0)} is {_kind(first)}; compare "
+                                 "datasets that all have modalities (cross-modal) or none")
+    if not first.modalities:
+        if options.tasks:
+            raise InputError(f"--task {options.tasks[0]}: the methods' datasets have no modalities (e.g. "
+                             f"{first.url}); --task is for datasets with modalities")
+        return ()
+    tasks = options.tasks or first.tasks
+    for method, runs in zip(methods, datasets, strict=True):
+        for t, ds in enumerate(runs):
+            if not options.tasks and ds.tasks != first.tasks:
+                raise InputError(f"{method.where(t)}: its tasks ({', '.join(ds.tasks)}) differ from "
+                                 f"{ref.name}'s ({', '.join(first.tasks)}); name the tasks to compare with --task")
+            for task in tasks:
+                for side, name in zip(("queries", "database"), parse_task(task), strict=True):
+                    if name not in ds.modalities[side]:
+                        raise InputError(f"--task {task}: {method.where(t)}: its {side} have no modality {name!r} "
+                                         f"(they have {', '.join(ds.modalities[side])})")
+    return tuple(tasks)
 
 
 def validate(specs, options: CompareOptions, out=None, overwrite: bool = False) -> CheckedComparison:
-    """Check every input before anything is evaluated: the methods, their datasets (the same ground truth), each
-    dataset against the options, and ``out``."""
+    """Check every input before anything is evaluated: the methods, their datasets (the same ground truth, once),
+    the tasks of datasets with modalities, each dataset (each task's view) against the options, and ``out``."""
     methods, datasets = open_methods(specs)
-    runs = [[options.evaluate_options.resolve(ds.url) for ds in dss] for dss in datasets]
+    tasks = comparison_tasks(methods, datasets, options)
+    evaluate_options = options.evaluate_options
+    if tasks:
+        per_run = [[evaluate_options.resolve_tasks(ds.url) for ds in dss] for dss in datasets]
+        runs = {task: [[by_task[j] for by_task in method_runs] for method_runs in per_run]
+                for j, task in enumerate(tasks)}
+    else:
+        runs = {None: [[evaluate_options.resolve(ds.url) for ds in dss] for dss in datasets]}
     if out is not None:
         check_comparison_dir(out, overwrite, [ds.url for runs in datasets for ds in runs])
     return CheckedComparison(methods, datasets, runs)
+
+
+def compare_checked(checked: CheckedComparison, options: CompareOptions, evaluate) -> tuple[dict, dict]:
+    """(comparison document, occupancy) of checked inputs, each run evaluated by ``evaluate(run)``. Datasets with
+    modalities: one comparison per task, built from the evaluations of the datasets' task views exactly as a
+    comparison of datasets without modalities, in ``{"tasks": {task: comparison}, "task_order": [...]}``, and
+    ``{task: occupancy}``."""
+    if not checked.tasks:
+        evaluations = [[evaluate(run) for run in runs] for runs in checked.runs[None]]
+        return build_comparison(checked.methods, checked.datasets, evaluations, options)
+    comparisons, occupancy = {}, {}
+    for task in checked.tasks:
+        runs = checked.runs[task]
+        evaluations = [[evaluate(run) for run in method_runs] for method_runs in runs]
+        datasets = [[run.ds for run in method_runs] for method_runs in runs]
+        comparisons[task], occupancy[task] = build_comparison(checked.methods, datasets, evaluations, options)
+    return {"format": COMPARISON_MARKER, "tasks": comparisons, "task_order": list(checked.tasks)}, occupancy

@@ -6,11 +6,17 @@ runs (``hashdist.compare.comparison``) every cell is ``mean ± sd`` over the run
 tie interval is [mean worst, mean best] and the mAP 95% interval is the t interval over runs;
 the text adds each run's mAP and mLGAP, the HTML page a table of every run's values per method,
 and the paper tables bold the best mean.
+
+A comparison of datasets with modalities holds one such comparison per task (``comparison["tasks"][task]``, in
+``comparison["task_order"]``): the text and the page give each task's leaderboard under its heading (the page
+opens with the paper table), and the paper tables have a column group per task (I→T, T→I), a column per bit
+length in each (or mAP alone when the methods are not models at several bit lengths).
 """
 
 from __future__ import annotations
 
 import html
+import itertools
 import json
 from pathlib import Path
 from typing import NamedTuple
@@ -18,6 +24,7 @@ from typing import NamedTuple
 import numpy as np
 
 from hashdist.data.atomic import staged_directory
+from hashdist.data.dataset import parse_task
 from hashdist.kernels.codeusage import rank_size_steps
 from hashdist.metrics.registry import BY_KEY, FIELD_LABELS, MEASURES, headline_rows, lookup
 from hashdist.metrics.stats import t_interval
@@ -26,12 +33,14 @@ from hashdist.report.render import (
     check_replaceable_dir,
     draw_figures,
     fmt,
+    html_figure,
     html_figures,
     html_table,
     log_count_axes,
     page,
     text_table,
 )
+from hashdist.report.tasks import TASK_ARROW, task_label
 
 COMPARISON_MARKER = "hashdist-comparison"
 
@@ -58,8 +67,16 @@ def write_comparison(out, comparison: dict, occupancy: dict, *, overwrite: bool 
             (tmp / name).write_text(render(comparison))
             comparison["outputs"][f"leaderboard_{kind}"] = str(out / name)
         (tmp / "comparison.json").write_text(json.dumps(json_safe(comparison), indent=2))
-        (tmp / "comparison.html").write_text(render_html(comparison, plots(comparison, occupancy)))
+        (tmp / "comparison.html").write_text(comparison_page(comparison, occupancy))
     return out
+
+
+def comparison_page(comparison: dict, occupancy: dict) -> str:
+    """comparison.html with its figures (over tasks: ``occupancy`` holds each task's)."""
+    if "tasks" not in comparison:
+        return render_html(comparison, plots(comparison, occupancy))
+    return render_tasks_html(comparison, {task: plots(comparison["tasks"][task], occupancy[task])
+                                          for task in comparison["task_order"]})
 
 
 def _p(x) -> str:
@@ -145,7 +162,10 @@ def _pair_table(comparison: dict) -> tuple[list[str], list[list[str]]]:
 
 def format_leaderboard(comparison: dict) -> str:
     """The leaderboard and the significance of each pair as aligned text; with repeated runs also each
-    method's mAP and mLGAP of every run."""
+    method's mAP and mLGAP of every run; over tasks, each task's under its heading."""
+    if "tasks" in comparison:
+        return "\n\n".join(f"== {task_label(task)} ==\n\n{format_leaderboard(comparison['tasks'][task])}"
+                           for task in comparison["task_order"])
     T = n_runs(comparison)
     if T == 1:
         lines = [text_table("Leaderboard (expected over tie orders)", *leaderboard_rows(comparison))]
@@ -287,7 +307,7 @@ def _conventions(p: dict) -> str:
             f"radius measures at radius {p['lgap_radius']}. Definitions: docs/metrics.md of hashdist.")
 
 
-def _single_run_texts(comparison: dict) -> _RunTexts:
+def _single_run_texts(comparison: dict, h: str = "h2", prefix: str = "") -> _RunTexts:
     methods, q, p = comparison["methods"], comparison["queries"], comparison["parameters"]
     datasets = "".join(f"<li><code>{html.escape(n)}</code>: <code>{html.escape(str(m['dataset']))}</code></li>"
                        for n, m in methods.items())
@@ -298,7 +318,7 @@ def _single_run_texts(comparison: dict) -> _RunTexts:
     return _RunTexts(head, "Methods by expected mAP (95% CI: bootstrap over queries)", "", pair_text, "")
 
 
-def _repeated_run_texts(comparison: dict) -> _RunTexts:
+def _repeated_run_texts(comparison: dict, h: str = "h2", prefix: str = "") -> _RunTexts:
     methods, q, p = comparison["methods"], comparison["queries"], comparison["parameters"]
     T = n_runs(comparison)
     datasets = "".join(
@@ -314,9 +334,9 @@ def _repeated_run_texts(comparison: dict) -> _RunTexts:
             f"t<sub>0.975, T-1</sub> sd / \u221aT.</p>")
     board_caption = (f"Methods by mean expected mAP over {T} runs (mean \u00b1 sample sd; [worst, best]: means "
                      "over runs; 95% CI: t over runs)")
-    runs = "<h2>Runs</h2>" + "".join(
+    runs = f"<{h}>Runs</{h}>" + "".join(
         html_table(f"{name}: each run, the mean, sample sd and 95% t interval over {T} runs", *run_rows(m),
-                   f"runs-{name}") for name, m in methods.items())
+                   f"{prefix}runs-{name}") for name, m in methods.items())
     patterns = (f"all 2^{T} = {2**T} sign patterns" if p["exact_randomization"]
                 else f"{p['permutations']} random sign patterns, seed {p['seed']}")
     pair_text = (f"Each run's mAP (expected) and mLGAP@{p['lgap_radius']}, run t of one method paired with run t "
@@ -333,7 +353,7 @@ def _ties_note(comparison: dict) -> str:
             if tied else f"<p>No two methods' mAP intervals {interval} overlap.</p>")
 
 
-def _usage_table(comparison: dict) -> str:
+def _usage_table(comparison: dict, prefix: str = "") -> str:
     """Each method's (each run's) code usage."""
     T = n_runs(comparison)
     header = ["method", "bits", "distinct codes", "largest bucket", "items sharing a code", "entropy (bits)",
@@ -341,25 +361,67 @@ def _usage_table(comparison: dict) -> str:
     rows = [[name if T == 1 else f"{name} run {t}", str(m["nbits"]), str(u["distinct_codes"]), str(u["max_bucket"]),
              fmt(u["collision_fraction"]), fmt(u["entropy_bits"], 2), fmt(u["entropy_ratio"])]
             for name, m in comparison["methods"].items() for t, u in enumerate(r["code_usage"] for r in runs_of(m))]
-    return html_table("How each method's database codes fill the code space", header, rows, "code-usage")
+    return html_table("How each method's database codes fill the code space", header, rows, f"{prefix}code-usage")
+
+
+def _sections(comparison: dict, images: dict[str, str], h: str = "h2", prefix: str = "") -> str:
+    """A comparison's page below its title and above its provenance, headings ``h``; ``prefix`` makes the
+    element ids unique on a page of several comparisons (tasks)."""
+    texts = (_single_run_texts if n_runs(comparison) == 1 else _repeated_run_texts)(comparison, h, prefix)
+    figures = html_figures(FIGURES, images) if not prefix else "<div class='figures'>" + "".join(
+        html_figure(prefix + name, data, FIGURES[name].caption, FIGURES[name].wide) for name, data in images.items()
+    ) + "</div>"
+    return (
+        f"{_headline(comparison)}{texts.head}<{h}>Leaderboard</{h}>"
+        + html_table(texts.board_caption, *leaderboard_rows(comparison), f"{prefix}leaderboard")
+        + _ties_note(comparison)
+        + texts.runs
+        + f"<{h}>Paired significance</{h}><p>{texts.pair_text}; Holm's correction across all pairs of a metric.</p>"
+        + html_table("Paired tests between methods", *_pair_table(comparison), f"{prefix}pairs")
+        + f"<{h}>Code usage</{h}>" + _usage_table(comparison, prefix)
+        + f"<{h}>Plots</{h}>{texts.plot_note}{figures}"
+    )
 
 
 def render_html(comparison: dict, images: dict[str, str]) -> str:
-    texts = (_single_run_texts if n_runs(comparison) == 1 else _repeated_run_texts)(comparison)
-    figures = html_figures(FIGURES, images)
-    body = (
-        f"<h1>hashdist comparison: {html.escape(', '.join(comparison['methods']))}</h1>{_headline(comparison)}"
-        f"{texts.head}<h2>Leaderboard</h2>"
-        + html_table(texts.board_caption, *leaderboard_rows(comparison), "leaderboard")
-        + _ties_note(comparison)
-        + texts.runs
-        + f"<h2>Paired significance</h2><p>{texts.pair_text}; Holm's correction across all pairs of a metric.</p>"
-        + html_table("Paired tests between methods", *_pair_table(comparison), "pairs")
-        + "<h2>Code usage</h2>" + _usage_table(comparison)
-        + f"<h2>Plots</h2>{texts.plot_note}{figures}"
-        + _provenance(comparison)
-    )
+    body = (f"<h1>hashdist comparison: {html.escape(', '.join(comparison['methods']))}</h1>"
+            + _sections(comparison, images) + _provenance(comparison))
     return page(f"hashdist comparison: {', '.join(comparison['methods'])}", body)
+
+
+def render_tasks_html(comparison: dict, images: dict[str, dict[str, str]]) -> str:
+    """The page of a comparison over tasks: the paper table (mAP per task), then each task's comparison as a page
+    of datasets without modalities shows it (``images``: each task's figures), then the provenance."""
+    order = comparison["task_order"]
+    names = ", ".join(comparison["tasks"][order[0]]["methods"])
+    labels = ", ".join(map(task_label, order))
+    contents = "".join(f"<li><a href='#task-{i}'>{html.escape(task_label(task))}</a></li>"
+                       for i, task in enumerate(order))
+    intro = (f"<p>Datasets with modalities, compared per task ({html.escape(labels)}): a task a{TASK_ARROW}b ranks the "
+             "database's b codes against the queries' a codes, and each task is compared on the methods' views of "
+             "that task exactly as datasets without modalities are (docs/cross-modal.md). The queries' ground truth "
+             f"is the same for every task and method.</p><ul>{contents}</ul>")
+    sections = "".join(f"<h2 id='task-{i}'>{html.escape(task_label(task))}</h2>"
+                       + _sections(comparison["tasks"][task], images[task], "h3", f"task{i}-")
+                       for i, task in enumerate(order))
+    body = (f"<h1>hashdist comparison: {html.escape(names)}</h1>{intro}<h2>mAP per task</h2>"
+            f"{_html_paper_table(paper_cells(comparison))}{sections}{_provenance(comparison)}")
+    return page(f"hashdist comparison: {names} ({labels})", body)
+
+
+def _html_paper_table(table: "PaperTable") -> str:
+    """The paper table on a page: column groups over their columns, the best of a column in bold, † as in print."""
+    groups = "<tr><th></th>" + "".join(f"<th colspan='{n}' style='text-align:center'>{html.escape(label)}</th>"
+                                        for label, n in table.groups) + "</tr>" if table.groups else ""
+    head = "<tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in table.header) + "</tr>"
+
+    def cell(text, bold, dagger):
+        text = html.escape(text)
+        return (f"<b>{text}</b>" if bold else text) + ("\u2020" if dagger else "")
+
+    body = "".join("<tr>" + "".join(f"<td>{cell(*c)}</td>" for c in row) + "</tr>" for row in table.rows)
+    return (f"<div class='scroll'><table id='paper-table'><caption>{html.escape(table.caption)}</caption>"
+            f"<thead>{groups}{head}</thead><tbody>{body}</tbody></table></div>")
 
 
 def _headline(comparison: dict) -> str:
@@ -374,15 +436,22 @@ def _headline(comparison: dict) -> str:
 
 
 def _provenance(comparison: dict) -> str:
-    """When and with what the comparison was made, its parameters, and each dataset's fingerprint."""
+    """When and with what the comparison was made, its parameters, and each dataset's fingerprint (over tasks:
+    each task's view's)."""
     made = comparison.get("provenance") or {}
     packages = ", ".join(f"{name} {v}" for name, v in (made.get("packages") or {}).items() if v)
+    per_task = {task: comparison["tasks"][task] for task in comparison["task_order"]} if "tasks" in comparison \
+        else {None: comparison}
+    first = next(iter(per_task.values()))
     rows = [["created", str(made.get("created", "n/a"))], ["hashdist commit", str(made.get("hashdist_commit"))],
             ["packages", packages or "n/a"],
-            *([f"parameter {k}", json.dumps(v)] for k, v in comparison["parameters"].items()),
-            *([f"dataset {name}" + (f" run {t}" if n_runs(comparison) > 1 else ""),
-               f"{run['dataset']} ({run['fingerprint']})"]
-              for name, m in comparison["methods"].items() for t, run in enumerate(runs_of(m)))]
+            *([f"parameter {k}", json.dumps(v)] for k, v in first["parameters"].items()),
+            *([["tasks", ", ".join(map(task_label, per_task))]] if "tasks" in comparison else [])]
+    for task, sub in per_task.items():
+        rows += [[f"dataset {name}" + (f" run {t}" if n_runs(sub) > 1 else "") + (f" ({task_label(task)})" if task
+                                                                                   else ""),
+                  f"{run['dataset']} ({run['fingerprint']})"]
+                 for name, m in sub["methods"].items() for t, run in enumerate(runs_of(m))]
     return "<h2>Provenance</h2>" + html_table("Provenance", ["what", "value"], rows, "provenance")
 
 
@@ -438,33 +507,29 @@ def _cell(runs: list[dict], measure, value, variant) -> tuple[float, float, tupl
     return mean, sd, None if intervals[0] is None else tuple(np.mean(intervals, axis=0).tolist())
 
 
-def paper_cells(comparison: dict) -> tuple[list[str], list[list[tuple[str, bool, bool]]], str]:
-    """(header, rows of (text, bold, dagger) cells, caption) of the paper table.
+class PaperTable(NamedTuple):
+    """The paper table: its header, rows of (text, bold, dagger) cells and caption; ``groups``: (label, columns)
+    of the column groups over the header's columns after the first (one per task), none for one comparison."""
 
-    Methods x headline metrics, or, when the methods are models at several code lengths, models x
-    bit lengths for mAP. Bold: the best value of a column. Dagger: the value's tie interval
-    [worst, best] overlaps another row's in that column, so their order depends on tie-breaking.
-    Repeated runs: cells are mean ± sample sd over the runs, bold is the best mean and the tie
-    interval is [mean worst, mean best].
-    """
+    header: list[str]
+    rows: list[list[tuple[str, bool, bool]]]
+    caption: str
+    groups: tuple[tuple[str, int], ...] = ()
+
+
+def _bit_length_grid(comparison: dict, groups: list[str] | None = None) -> tuple[list[str], list[list], list[int]]:
+    """(groups, the method of each group at each bit length or None, bit lengths) of models at several lengths;
+    ``groups``: their order (default: by the ranking)."""
     methods = comparison["methods"]
-    T = n_runs(comparison)
-    if _by_bit_length(comparison):
-        bits = sorted({m["nbits"] for m in methods.values()})
-        groups = list(dict.fromkeys(methods[n]["group"] for n in comparison["ranking"]))
-        cell_of = {(m["group"], m["nbits"]): m for m in methods.values()}
-        header = ["Method", *(f"{b} bits" for b in bits)]
-        grid = [[cell_of.get((g, b)) for b in bits] for g in groups]
-        labels = groups
-        measure_at = [(BY_KEY["map"], None, None)] * len(bits)
-        what, map_at_k = "mAP", False
-    else:
-        columns = _columns(comparison)
-        header = ["Method", *(c[0] for c in columns)]
-        labels = list(comparison["ranking"])
-        grid = [[methods[n]] * len(columns) for n in labels]
-        measure_at = [c[1:] for c in columns]
-        what, map_at_k = "Metrics", any(measure.key == "map_at_k" for measure, _, _ in measure_at)
+    bits = sorted({m["nbits"] for m in methods.values()})
+    groups = groups or list(dict.fromkeys(methods[n]["group"] for n in comparison["ranking"]))
+    cell_of = {(m["group"], m["nbits"]): m for m in methods.values()}
+    return groups, [[cell_of.get((g, b)) for b in bits] for g in groups], bits
+
+
+def _filled_rows(labels: list[str], grid: list[list], measure_at: list, T: int) -> list[list[tuple[str, bool, bool]]]:
+    """The rows of (text, bold, dagger) cells: row i's label, then column j's measure of the method grid[i][j]
+    (None: "-"). Bold: the best value of a column. Dagger: the tie interval overlaps another row's in the column."""
     rows = [[(label, False, False)] for label in labels]
     for j, (measure, value, variant) in enumerate(measure_at):
         cells = {i: _cell([run["metrics"] for run in runs_of(grid[i][j])], measure, value, variant)
@@ -480,19 +545,89 @@ def paper_cells(comparison: dict) -> tuple[list[str], list[list[tuple[str, bool,
                 other is not None and max(mine[0], other[0]) <= min(mine[2], other[2])
                 for k, (_, _, other) in cells.items() if k != i)
             rows[i].append((fmt(mean) if T == 1 else f"{fmt(mean)} \u00b1 {fmt(sd)}", mean == best, dagger))
+    return rows
+
+
+def _span(counts: list[int]) -> str:
+    return f"{counts[0]}{f' to {counts[-1]}' if len(counts) > 1 else ''}"
+
+
+def _caption(what: str, comparisons: list[dict], map_at_k: bool, scope: str = "") -> str:
+    """The paper table's caption: what the cells are, the convention, the bold and the dagger."""
+    T = n_runs(comparisons[0])
     if T == 1:
-        evaluated = f"{comparison['queries']['evaluated']} queries"
-        caption = (f"{what} of each method, {_convention(evaluated, map_at_k)}. Bold: best in its column. "
-                   "\u2020: the tie interval [worst, best] overlaps another method's, so their order depends on how "
-                   "ties are broken.")
+        evaluated = f"{_span(sorted({c['queries']['evaluated'] for c in comparisons}))} queries"
+        return (f"{what} of each method{scope}, {_convention(evaluated, map_at_k)}. Bold: best in its column. "
+                "\u2020: the tie interval [worst, best] overlaps another method's, so their order depends on how "
+                "ties are broken.")
+    evaluated = f"{_span(sorted({e for c in comparisons for e in c['queries']['evaluated']}))} queries of each run"
+    return (f"{what} of each method{scope}, mean \u00b1 sample standard deviation over {T} runs (one split each), "
+            f"{_convention(evaluated, map_at_k)}. Bold: best mean in its column. \u2020: the interval "
+            "[mean worst, mean best] over runs overlaps another method's, so their order depends on how ties "
+            "are broken.")
+
+
+def paper_cells(comparison: dict) -> PaperTable:
+    """The paper table (header, rows of (text, bold, dagger) cells, caption, column groups).
+
+    Methods x headline metrics, or, when the methods are models at several code lengths, models x
+    bit lengths for mAP. Bold: the best value of a column. Dagger: the value's tie interval
+    [worst, best] overlaps another row's in that column, so their order depends on tie-breaking.
+    Repeated runs: cells are mean ± sample sd over the runs, bold is the best mean and the tie
+    interval is [mean worst, mean best]. A comparison over tasks: :func:`task_paper_cells`.
+    """
+    if "tasks" in comparison:
+        return task_paper_cells(comparison)
+    methods = comparison["methods"]
+    if _by_bit_length(comparison):
+        labels, grid, bits = _bit_length_grid(comparison)
+        header = ["Method", *(f"{b} bits" for b in bits)]
+        measure_at = [(BY_KEY["map"], None, None)] * len(bits)
+        what, map_at_k = "mAP", False
     else:
-        counts = sorted(set(comparison["queries"]["evaluated"]))
-        evaluated = f"{counts[0]}{f' to {counts[-1]}' if len(counts) > 1 else ''} queries of each run"
-        caption = (f"{what} of each method, mean \u00b1 sample standard deviation over {T} runs (one split each), "
-                   f"{_convention(evaluated, map_at_k)}. Bold: best mean in its column. \u2020: the interval "
-                   "[mean worst, mean best] over runs overlaps another method's, so their order depends on how ties "
-                   "are broken.")
-    return header, rows, caption
+        columns = _columns(comparison)
+        header = ["Method", *(c[0] for c in columns)]
+        labels = list(comparison["ranking"])
+        grid = [[methods[n]] * len(columns) for n in labels]
+        measure_at = [c[1:] for c in columns]
+        what, map_at_k = "Metrics", any(measure.key == "map_at_k" for measure, _, _ in measure_at)
+    rows = _filled_rows(labels, grid, measure_at, n_runs(comparison))
+    return PaperTable(header, rows, _caption(what, [comparison], map_at_k))
+
+
+def task_labels(tasks) -> dict[str, str]:
+    """Each task as a paper's column group prints it: I→T when the modalities' initials tell them apart, else
+    image→text."""
+    pairs = {task: parse_task(task) for task in tasks}
+    names = {name for pair in pairs.values() for name in pair}
+    initials = {name: name[0].upper() for name in names}
+    if len(set(initials.values())) < len(names):
+        return {task: task_label(task) for task in tasks}
+    return {task: task_label(f"{initials[a]}->{initials[b]}") for task, (a, b) in pairs.items()}
+
+
+def task_paper_cells(comparison: dict) -> PaperTable:
+    """The paper table of a comparison over tasks: a column group per task (I→T, T→I), in each a column per bit
+    length when the methods are models at several code lengths (rows: the models), else one column of mAP (rows:
+    the methods); rows in the first task's order. Bold and dagger per column, as in :func:`paper_cells`."""
+    order = comparison["task_order"]
+    subs = [comparison["tasks"][task] for task in order]
+    if _by_bit_length(subs[0]):
+        labels, _, bits = _bit_length_grid(subs[0])
+        parts = [_bit_length_grid(sub, labels)[1] for sub in subs]
+        grid = [[method for part in parts for method in part[i]] for i in range(len(labels))]
+        columns = [f"{b} bits" for b in bits]
+    else:
+        labels = list(subs[0]["ranking"])
+        grid = [[sub["methods"][name] for sub in subs] for name in labels]
+        columns = ["mAP"]
+    short = task_labels(order)
+    header = ["Method", *(columns * len(order))]
+    rows = _filled_rows(labels, grid, [(BY_KEY["map"], None, None)] * (len(header) - 1), n_runs(subs[0]))
+    directions = "; ".join(f"{short[task]}: {a} queries against the {b} database"
+                           for task in order for a, b in [parse_task(task)])
+    return PaperTable(header, rows, _caption("mAP", subs, False, f" per task ({directions})"),
+                      tuple((short[task], len(columns)) for task in order))
 
 
 _LATEX_SPECIAL = {c: "\\" + c for c in "&%$#_{}"} | {"~": r"\textasciitilde{}", "^": r"\textasciicircum{}",
@@ -503,34 +638,54 @@ def _latex_escape(text: str) -> str:
     return "".join(_LATEX_SPECIAL.get(c, c) for c in text)
 
 
+def _latex_text(text: str) -> str:
+    """Text escaped for LaTeX, with ±, † and → as math."""
+    return (_latex_escape(text).replace("\u00b1", r"$\pm$").replace("\u2020", r"$^\dagger$")
+            .replace(TASK_ARROW, r"$\to$"))
+
+
 def latex_table(comparison: dict) -> str:
-    """The paper table as a LaTeX table (booktabs)."""
-    header, rows, caption = paper_cells(comparison)
+    """The paper table as a LaTeX table (booktabs); column groups (tasks) as a first header row of
+    \\multicolumn headings, each with a \\cmidrule under it."""
+    table = paper_cells(comparison)
 
     def cell(text, bold, dagger):
-        text = _latex_escape(text).replace("\u00b1", r"$\pm$")
+        text = _latex_text(text)
         text = rf"\textbf{{{text}}}" if bold else text
         return text + (r"$^\dagger$" if dagger else "")
 
-    caption = _latex_escape(caption).replace("\u2020", r"$^\dagger$").replace("\u00b1", r"$\pm$")
-    lines = [r"\begin{table}[t]", r"\centering", rf"\caption{{{caption}}}",
-             r"\label{tab:hashdist-leaderboard}", rf"\begin{{tabular}}{{l{'r' * (len(header) - 1)}}}", r"\toprule",
-             " & ".join(_latex_escape(h) for h in header) + r" \\", r"\midrule"]
-    lines += [" & ".join(cell(*c) for c in row) + r" \\" for row in rows]
+    lines = [r"\begin{table}[t]", r"\centering", rf"\caption{{{_latex_text(table.caption)}}}",
+             r"\label{tab:hashdist-leaderboard}", rf"\begin{{tabular}}{{l{'r' * (len(table.header) - 1)}}}",
+             r"\toprule"]
+    if table.groups:
+        starts = np.cumsum([2] + [n for _, n in table.groups]).tolist()
+        lines.append(" & ".join(["", *(rf"\multicolumn{{{n}}}{{c}}{{{_latex_text(label)}}}"
+                                      for label, n in table.groups)]) + r" \\")
+        lines.append(" ".join(rf"\cmidrule(lr){{{a}-{b - 1}}}" for a, b in itertools.pairwise(starts)))
+    lines += [" & ".join(_latex_text(h) for h in table.header) + r" \\", r"\midrule"]
+    lines += [" & ".join(cell(*c) for c in row) + r" \\" for row in table.rows]
     lines += [r"\bottomrule", r"\end{tabular}", r"\end{table}"]
     return "\n".join(lines) + "\n"
 
 
+def _flat_header(table: PaperTable) -> list[str]:
+    """The header with each column's group label in front ("I→T 16 bits"), for a single header row."""
+    labels = [label for label, n in table.groups for _ in range(n)]
+    return [table.header[0], *(f"{g} {h}" for g, h in zip(labels, table.header[1:], strict=True))] if labels \
+        else table.header
+
+
 def markdown_table(comparison: dict) -> str:
     """The paper table as a Markdown (GitHub) table with its caption below."""
-    header, rows, caption = paper_cells(comparison)
+    table = paper_cells(comparison)
+    header = _flat_header(table)
 
     def cell(text, bold, dagger):
         return (f"**{text}**" if bold else text) + ("\u2020" if dagger else "")
 
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join([" --- "] + [" ---: "] * (len(header) - 1)) + "|"]
-    lines += ["| " + " | ".join(cell(*c) for c in row) + " |" for row in rows]
-    return "\n".join(lines) + f"\n\nTable: {caption}\n"
+    lines += ["| " + " | ".join(cell(*c) for c in row) + " |" for row in table.rows]
+    return "\n".join(lines) + f"\n\nTable: {table.caption}\n"
 
 
 PAPER_TABLES = {"latex": ("leaderboard.tex", latex_table), "markdown": ("leaderboard.md", markdown_table)}

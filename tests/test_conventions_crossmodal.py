@@ -238,6 +238,24 @@ def test_public_api_matches_the_scripts_and_the_references_on_random_heavy_ties(
                                                                                     abs=TOL)
 
 
+def test_both_directions_of_a_cross_modal_run_match_the_scripts():
+    """Image and text codes over shared multi-labels: each task a->b of one run (I->T, T->I) gives what the
+    scripts give for queries' a-codes against the database's b-codes (best, worst, expected as above)."""
+    rng = np.random.default_rng(5)
+    q, db, ql, dbl, query_L, retrieval_L = random_codes(rng, "multilabel", n_db=300, n_q=25)
+    codes = {"image": (q, db), "text": (rng.integers(0, 2, q.shape) * 2 - 1, rng.integers(0, 2, db.shape) * 2 - 1)}
+    ks = [1, 20]
+    report = hashdist.evaluate_codes({m: c[0] for m, c in codes.items()}, {m: c[1] for m, c in codes.items()},
+                                     ql, dbl, k=ks, conventions=list(NAMES))
+    for task in ("image->text", "text->image"):
+        a, b = task.split("->")
+        want = script_bounds_and_expectation(codes[a][0], codes[b][1], query_L, retrieval_L, ks)
+        conv = report["tasks"][task]["conventions"]
+        for policy in POLICIES:
+            assert abs(conv["dcmh"]["map"][policy] - want["map"][policy]) <= TOL, (task, policy)
+            for k in ks:
+                assert abs(conv["dcmh_topk"]["map_at_k"][str(k)][policy] - want[k][policy]) <= TOL, (task, k)
+
 def test_the_scripts_own_example_lies_in_the_interval():
     """The __main__ example of DCMH's utils.py (4-bit codes, ties) through evaluate_codes."""
     qB = np.array([[1, -1, 1, 1], [-1, -1, -1, 1], [1, 1, -1, 1], [1, 1, 1, -1]])

@@ -7,7 +7,9 @@ import pytest
 
 from hashdist.api import evaluate_local
 from hashdist.cli import main
-from hashdist.data.protocols import PROTOCOLS, get_protocol
+from hashdist.data.protocols import PROTOCOLS, TRAINING_RULES, expected_sizes, get_protocol, training_rule
+from hashdist.data.splitcheck import check_split
+from hashdist.data.splits import make_splits, protocol_options
 from hashdist.errors import InputError
 
 
@@ -56,3 +58,55 @@ def test_deephash_convention_at_the_whole_database_counts_every_query(class_data
     share = report["queries"]["evaluated"] / report["queries"]["total"]
     assert per_policy["expected"] == pytest.approx(retrieved["expected"] * share, abs=1e-12)
     assert np.isfinite(per_policy["best"]) and per_policy["worst"] <= per_policy["expected"] <= per_policy["best"]
+
+
+CROSS_MODAL = [p for p in PROTOCOLS if p.cross_modal]
+
+
+def test_every_preset_names_a_registered_convention():
+    from hashdist.metrics.conventions import BY_NAME as CONVENTIONS
+
+    assert {p.name: p.convention for p in PROTOCOLS if p.convention not in CONVENTIONS} == {}
+
+
+def test_cross_modal_presets():
+    assert [p.name for p in CROSS_MODAL] == ["mirflickr25k", "nuswide21-cm", "nuswide10-djsrh", "nuswide10-ucch",
+                                             "iaprtc12", "mscoco-cm", "wiki"]
+    assert len({p.name for p in PROTOCOLS}) == len(PROTOCOLS)
+    for p in CROSS_MODAL:
+        assert p.labels and p.label_kind in ("class", "multilabel") and p.training_set in TRAINING_RULES
+        assert p.strategy == "standard" and training_rule(p) == p.training_set
+        sizes = expected_sizes(p)
+        if "pooled_items" in p.unverified:  # the database follows from a pool size no source confirmed
+            assert sizes["database"] is None and "not verified" in p.note
+        else:
+            assert sizes["queries"] + sizes["database"] == p.pooled_items
+        if p.training_set == "database":
+            assert sizes["training"] == p.pooled_items - sizes["queries"]
+    assert {p.name: (p.pooled_items, p.sizes["test_queries"], p.sizes["training"]) for p in CROSS_MODAL} == {
+        "mirflickr25k": (20_015, 2_000, 10_000), "nuswide21-cm": (195_834, 2_100, 10_000),
+        "nuswide10-djsrh": (186_577, 2_000, 5_000), "nuswide10-ucch": (186_577, 2_100, 184_477),
+        "iaprtc12": (20_000, 2_000, 10_000), "mscoco-cm": (122_218, 5_000, 10_000), "wiki": (2_866, 693, 2_173)}
+    assert get_protocol("wiki").label_kind == "class" and get_protocol("nuswide10-djsrh").k == (50,)
+
+
+def test_training_rules_of_the_image_presets():
+    assert {p.name: training_rule(p) for p in PROTOCOLS if not p.cross_modal} == {
+        "cifar10": "held_out", "cifar10-1": "subset", "cifar10-2": "database", "nuswide21": "subset",
+        "coco": "subset", "imagenet100": "subset"}
+
+
+def test_unknown_protocol_names_the_closest():
+    with pytest.raises(InputError, match="--protocol nuswide10: unknown protocol; did you mean nuswide10-djsrh or "
+                       "nuswide10-ucch"):
+        get_protocol("nuswide10")
+    with pytest.raises(InputError, match="did you mean mirflickr25k"):
+        get_protocol("mirflikr25k")
+
+
+def test_a_drawn_cross_modal_split_passes_the_check():
+    labels = np.repeat(np.arange(10), [287] * 6 + [286] * 4)  # Wiki-sized, single-label
+    drawn = make_splits(labels, runs=1, **protocol_options("wiki"))["standard"][0]
+    report = check_split(drawn["test_queries"], drawn["database"], drawn["training"], labels=labels,
+                         protocol="wiki")
+    assert report["broken"] == 0 and [r["ok"] for r in report["rules"]] == [True] * 8

@@ -218,7 +218,7 @@ def _add_synth(sub):
     p.add_argument("--stray", type=float, help="with --prototypes: fraction of items with one random bit flipped")
     p.add_argument("--text-noise", type=float,
                    help="a cross-modal dataset: modalities image (the codes) and text (each image code with every "
-                   "bit flipped again with this probability); the mirflickr25k-xm preset: 0.1")
+                   "bit flipped again with this probability); the mirflickr25k-xm preset: 0.06")
     p.add_argument("--seed", type=int, default=0, help="seed of every random draw (default 0): the same seed, the "
                    "same dataset")
     p.add_argument("--chunk-rows", type=int, help="database rows per Zarr chunk (default 65536)")
@@ -488,7 +488,9 @@ def _add_compare(sub):
         "and LGAP with Holm's correction. Every dataset must have the same queries and ground truth. Repeated runs: "
         "NAME=DS1,DS2,... gives one dataset (split) per run; every method needs as many, run t of each with the "
         "same ground truth; each metric is reported per run and as mean, sample sd and 95% t interval over runs, "
-        "and the tests pair run t with run t.",
+        "and the tests pair run t with run t. Datasets with modalities (all or none): compared per task (--task, "
+        "default the cross tasks image->text and text->image), each task as datasets without modalities; the paper "
+        "tables then have a column group per task.",
     )
     p.add_argument("--method", action="append", required=True, metavar="NAME=DATASET[,DATASET...]",
                    help="a method's dataset, or one per run separated by commas (repeat; at least two methods, "
@@ -578,38 +580,85 @@ def _run_groundtruth(a):
 def _add_split(sub):
     p = sub.add_parser(
         "split",
-        help="seeded, class-balanced dataset splits for repeated runs",
+        help="seeded, class-balanced dataset splits for repeated runs; --check: check a paper's split index files",
         description="Draw, for each of --runs runs, disjoint sets of item indices from one pooled dataset of N items "
         "(docs/metrics.md, section 5b) and store them as a Zarr group, for ingest --splits. standard: test queries, "
         "every other item as the database, and from the database validation queries, a validation database and a "
         "training set; improved: test queries, test database, validation queries, validation database and training, "
         "pairwise disjoint. Every set is balanced over the classes (multi-hot labels: each item's first label); "
         "training takes what is left unless --training sizes it. Run t depends only on the inputs, --seed, t, the "
-        "strategy and numpy's PCG64.",
+        "strategy and numpy's PCG64. With --check, read the query, database and training index files a paper ships "
+        "instead and report, with counts, duplicates, out-of-range indices, queries in the database (a leak), "
+        "training items inside or outside the database against --protocol, the set sizes against --protocol and "
+        "the items per class or label in each set; nothing is written. Exit status: 0 done (--check: every rule "
+        "kept); 2 bad input, one line on stderr (nothing written); 3 with --check when a rule is broken (the report "
+        "is printed, the broken rules on stderr).",
     )
-    source = p.add_mutually_exclusive_group(required=True)
+    source = p.add_mutually_exclusive_group()
     source.add_argument("--labels", metavar="ALL_LABELS.npy",
-                        help="labels of all N items: 1-D integer classes or 2-D 0/1 multi-hot")
-    source.add_argument("--n-items", type=int, metavar="N", help="N items without labels (uniform draws)")
+                        help="labels of all N items: 1-D integer classes or 2-D 0/1 multi-hot (--check: for the "
+                        "range check and the items per class or label)")
+    source.add_argument("--n-items", type=int, metavar="N", help="N items without labels (uniform draws; --check: "
+                        "the pool size for the range check)")
     p.add_argument("--strategy", nargs="+", metavar="NAME",
                    help="standard and/or improved (default both, or the protocol's)")
-    p.add_argument("--protocol", choices=[x.name for x in PROTOCOLS], metavar="NAME",
-                   help="a literature protocol's strategy and sizes, with no validation sets unless sized: "
-                   + ", ".join(x.name for x in PROTOCOLS) + " (docs/protocols.md)")
-    p.add_argument("--runs", type=int, default=10, help="number of runs T (default 10)")
-    p.add_argument("--seed", type=int, default=0, help="default 0")
+    p.add_argument("--protocol", metavar="NAME",
+                   help="a literature protocol's strategy and sizes, with no validation sets unless sized (--check: "
+                   "its set sizes and where its training set lies): " + ", ".join(x.name for x in PROTOCOLS)
+                   + " (docs/protocols.md)")
+    p.add_argument("--runs", type=int, help="number of runs T (default 10)")
+    p.add_argument("--seed", type=int, help="default 0")
     for role, default in (("test-queries", "1000"), ("test-database", "5000; improved only"),
                           ("validation-queries", "1000; 0 for none"), ("validation-database", "5000; 0 for none"),
                           ("training", "what the other sets leave")):
         p.add_argument(f"--{role}", type=int, metavar="SIZE", help=f"set size (default {default})")
     p.add_argument("--overwrite", action="store_true", help="replace an existing splits store at --out")
-    p.add_argument("--out", required=True, metavar="SPLITS.zarr", help="the splits store to write (for ingest "
-                   "--splits)")
+    p.add_argument("--out", metavar="SPLITS.zarr", help="the splits store to write (for ingest --splits); required "
+                   "unless --check")
+    _add_split_check_options(p)
+
+
+CHECK_ONLY = ("query_index", "db_index", "train_index", "index_base", "json")
+DRAW_ONLY = ("strategy", "runs", "seed", "test_queries", "test_database", "validation_queries",
+             "validation_database", "training", "out")
+
+
+def _add_split_check_options(p):
+    """The options of ``split --check`` (hashdist.data.splitcheck)."""
+    p.add_argument("--check", action="store_true", help="check a shipped split (the index files below) instead of "
+                   "drawing one; exit status 3 when a rule is broken")
+    index = "FILE[:NAME]"
+    for flag, what in (("--query-index", "query"), ("--db-index", "database"), ("--train-index", "training")):
+        p.add_argument(flag, metavar=index, help=f"--check: the {what} indices into the pool: .npy, .npz:NAME, "
+                       ".txt/.csv (integers) or .mat (FILE.mat:NAME names the variable; v7.3 files need h5py)"
+                       + ("; optional" if what == "training" else ""))
+    p.add_argument("--index-base", type=int, metavar="0|1", help="--check: 1 for MATLAB's 1-based indices "
+                   "(default 0); the report says when the indices look 1-based")
+    p.add_argument("--json", action="store_true", help="--check: print the report as one JSON document")
+
+
+class _SplitRulesBroken(_Dropped):
+    """``split --check`` found a broken rule: the report on stdout, the broken rules on stderr, exit status 3."""
+
+
+def _refuse_mixed(a, names: tuple[str, ...], why: str) -> None:
+    """InputError naming the first option of ``names`` given on the command line."""
+    for name in names:
+        value = getattr(a, name)
+        if value is not None and value is not False:
+            raise InputError(f"--{name.replace('_', '-')} {why}")
 
 
 def _run_split(a):
+    if a.check:
+        return _run_split_check(a)
     from hashdist.data.splits import DEFAULT_SIZES, STRATEGIES, protocol_options, split
 
+    _refuse_mixed(a, CHECK_ONLY, "goes with --check (checking a shipped split)")
+    if a.labels is None and a.n_items is None:
+        raise InputError("one of the arguments --labels --n-items is required to draw splits")
+    if a.out is None:
+        raise InputError("--out SPLITS.zarr is required to draw splits (or pass --check to check index files)")
     strategies = a.strategy or STRATEGIES
     sizes = {role: getattr(a, role) for role in DEFAULT_SIZES if getattr(a, role) is not None}
     if a.protocol is not None:
@@ -619,8 +668,9 @@ def _run_split(a):
                              f"(a {preset['strategies'][0]} protocol)")
         strategies, sizes = preset["strategies"], {**preset["sizes"], **sizes}
     try:
-        attrs = split(a.out, labels=a.labels, n_items=a.n_items, strategies=strategies, runs=a.runs, seed=a.seed,
-                      sizes=sizes, overwrite=a.overwrite)
+        attrs = split(a.out, labels=a.labels, n_items=a.n_items, strategies=strategies,
+                      runs=10 if a.runs is None else a.runs, seed=0 if a.seed is None else a.seed, sizes=sizes,
+                      overwrite=a.overwrite)
     except InputError as exc:
         if a.protocol is None:
             raise
@@ -633,6 +683,25 @@ def _run_split(a):
         unused = f" ({entry['unused']} items unused)" if entry["unused"] else ""
         lines.append(f"{name}: " + ", ".join(f"{role} {n}" for role, n in entry["sizes"].items()) + unused)
     return "\n".join(lines)
+
+
+def _run_split_check(a):
+    """``split --check``: the report (table or JSON); :class:`_SplitRulesBroken` when a rule is broken."""
+    from hashdist.data.splitcheck import broken_summary, check_split, format_check
+
+    _refuse_mixed(a, DRAW_ONLY, "draws splits and does not go with --check")
+    if a.overwrite:
+        raise InputError("--overwrite draws splits and does not go with --check (nothing is written)")
+    if a.query_index is None or a.db_index is None:
+        raise InputError("--check needs --query-index FILE and --db-index FILE (--train-index is optional)")
+    if a.index_base not in (None, 0, 1):
+        raise InputError(f"--index-base must be 0 or 1 (1 for MATLAB's 1-based indices), got {a.index_base}")
+    report = check_split(a.query_index, a.db_index, a.train_index, labels=a.labels, n_items=a.n_items,
+                         protocol=a.protocol, index_base=a.index_base or 0)
+    output = json.dumps(report, indent=2) if a.json else format_check(report)
+    if report["broken"]:
+        raise _SplitRulesBroken(output, broken_summary(report))
+    return output
 
 
 def _add_history(sub):

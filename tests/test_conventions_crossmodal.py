@@ -1,4 +1,4 @@
-"""The cross-modal conventions dcmh and dcmh_topk (docs/metrics.md, sections 3b and 5c) against the scripts.
+"""The cross-modal conventions dcmh and dcmh_topk (docs/metrics.md, section 3b) against the scripts.
 
 ``tests/reference.py`` transcribes DCMH's ``calc_map`` and DCMH-PyTorch's ``calc_map_k`` line by line
 (numpy, from the originals), plus an exact value of ``calc_map_k`` on a ranked list (``first_hits_list``)
@@ -52,7 +52,7 @@ def as_float(x):
 
 
 def test_spec_worked_check_one_group_of_three_with_two_relevant_at_k_1():
-    """docs/metrics.md 5c: orders RRI, RIR, IRR give 1, 1, 1/2."""
+    """docs/metrics.md 3b (the spec's 5c): orders RRI, RIR, IRR give 1, 1, 1/2."""
     got = crossmodal(histogram([{0: (1, 2)}]), [1])
     assert got["dcmh_topk"] == {"map_at_k": {"1": pytest.approx({"expected": 5 / 6, "best": 1.0, "worst": 0.5},
                                                                  abs=1e-15)}}

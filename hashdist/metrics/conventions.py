@@ -1,4 +1,4 @@
-"""mAP as published evaluation scripts compute it, with its tie interval (docs/metrics.md, sections 3b and 5c).
+"""mAP as published evaluation scripts compute it, with its tie interval (docs/metrics.md, section 3b).
 
 A convention fixes what is averaged (AP@K with one normaliser, or the cross-modal scripts' measures) and the
 queries in the mean; its query set ignores ``--empty-queries``. Per query it reads the registry's AP@K values
@@ -196,7 +196,7 @@ def _add(s, c, x):
 
 @jit_helper
 def _first_hits_sum(policy, N, n, r, Rp, J):
-    """Sum of (Rp+j)/rank_j over the first J (1 <= J <= r) relevant items of a group (docs/metrics.md, 5c).
+    """Sum of (Rp+j)/rank_j over the first J (1 <= J <= r) relevant items of a group (docs/metrics.md, 3b).
 
     best: relevant items first, they take the group's first J slots; worst: last, slots n-r+1..n-r+J; both
     are AP's precision sums over that many slots. J = r: the whole group, AP's closed form for every policy.

@@ -343,7 +343,10 @@ def run_evaluation(dataset, *, out=None, overwrite: bool = False, html: bool = T
         from hashdist.compare.history import check_history_dir
 
         check_history_dir(history)  # a path that is not a history store fails here, before the run
-    with handed_over(prepared or options.resolve_tasks(dataset)) as key, \
+    runs = prepared or options.resolve_tasks(dataset)
+    if history is not None and runs[0].plan.task is not None:
+        raise InputError(f"--history: not available for a dataset with modalities ({dataset})")
+    with handed_over(runs) as key, \
             api_for_workers(execution.address, execution.cluster_class, execution.cluster_kwargs):
         return evaluate.with_options(task_runner=task_runner(**execution.cluster))(
             dataset=str(dataset), options=options, out=None if out is None else str(out), overwrite=overwrite,

@@ -208,6 +208,7 @@ def open_methods(specs) -> tuple[list[Method], list[list[Dataset]]]:
                 where = f"--method {m.name}" + (f" run {t}" if len(m.runs) > 1 else "")
                 raise InputError(f"{where}: {exc}") from None
         datasets.append(runs)
+    check_same_kind(methods, datasets)
     check_same_ground_truth(methods, datasets)
     return methods, datasets
 
@@ -345,16 +346,21 @@ def _kind(ds: Dataset) -> str:
     return f"a dataset with modalities ({', '.join(names)})"
 
 
-def comparison_tasks(methods: list[Method], datasets: list[list[Dataset]], options: CompareOptions
-                     ) -> tuple[str, ...]:
-    """The tasks the comparison runs: none when the datasets have no modalities, else ``--task`` or the datasets'
-    cross tasks. Every dataset has modalities or none does, and every one has the tasks."""
+def check_same_kind(methods: list[Method], datasets: list[list[Dataset]]) -> None:
+    """Every dataset has modalities, or none has."""
     first, ref = datasets[0][0], methods[0]
     for method, runs in zip(methods, datasets, strict=True):
         for t, ds in enumerate(runs):
             if bool(ds.modalities) != bool(first.modalities):
-                raise InputError(f"{method.where(t)}: {_kind(ds)}, but {ref.where(0)} is {_kind(first)}; compare "
-                                 "datasets that all have modalities (cross-modal) or none")
+                raise InputError(f"{method.where(t)} is {_kind(ds)}, but {ref.where(0)} is {_kind(first)}; "
+                                 "compare datasets that all have modalities (cross-modal) or none")
+
+
+def comparison_tasks(methods: list[Method], datasets: list[list[Dataset]], options: CompareOptions
+                     ) -> tuple[str, ...]:
+    """The tasks the comparison runs: none when the datasets have no modalities (checked by
+    :func:`check_same_kind`), else ``--task`` or the datasets' cross tasks, which every dataset has."""
+    first, ref = datasets[0][0], methods[0]
     if not first.modalities:
         if options.tasks:
             raise InputError(f"--task {options.tasks[0]}: the methods' datasets have no modalities (e.g. "
@@ -369,8 +375,8 @@ def comparison_tasks(methods: list[Method], datasets: list[list[Dataset]], optio
             for task in tasks:
                 for side, name in zip(("queries", "database"), parse_task(task), strict=True):
                     if name not in ds.modalities[side]:
-                        raise InputError(f"--task {task}: {method.where(t)}: its {side} have no modality {name!r} "
-                                         f"(they have {', '.join(ds.modalities[side])})")
+                        raise InputError(f"--task {task}: {method.where(t)} has no {side} modality {name!r} "
+                                         f"(only {', '.join(ds.modalities[side])})")
     return tuple(tasks)
 
 
@@ -381,7 +387,7 @@ def validate(specs, options: CompareOptions, out=None, overwrite: bool = False) 
     tasks = comparison_tasks(methods, datasets, options)
     evaluate_options = options.evaluate_options
     if tasks:
-        per_run = [[evaluate_options.resolve_tasks(ds.url) for ds in dss] for dss in datasets]
+        per_run = [[[evaluate_options.resolve(ds.for_task(task)) for task in tasks] for ds in dss] for dss in datasets]
         runs = {task: [[by_task[j] for by_task in method_runs] for method_runs in per_run]
                 for j, task in enumerate(tasks)}
     else:

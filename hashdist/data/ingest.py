@@ -81,19 +81,20 @@ def _check_modal_codes(codes: dict, packed: bool, nbits: int | None) -> int:
     or on neither; returns B."""
     if (None in codes["database"]) != (None in codes["queries"]):
         raise InputError("--query-codes and --db-codes: give modalities (NAME=PATH) on both sides or on neither")
-    widths = {}
+    width = {}
     for part in ("database", "queries"):
-        arrays = list(codes[part].values())
-        for arr, path in arrays:
-            widths[path] = _code_width(arr, path, packed, nbits)
-            if arr.shape[0] != arrays[0][0].shape[0]:
-                raise InputError(f"{path}: {arr.shape[0]} rows but {arrays[0][1]} has {arrays[0][0].shape[0]} (the "
+        (first, first_path), *rest = codes[part].values()
+        width[part] = _code_width(first, first_path, packed, nbits)
+        for arr, path in rest:
+            if (bits := _code_width(arr, path, packed, nbits)) != width[part]:
+                raise InputError(f"{path}: codes have {bits} bits but {first_path} has {width[part]}")
+            if arr.shape[0] != first.shape[0]:
+                raise InputError(f"{path}: {arr.shape[0]} rows but {first_path} has {first.shape[0]} (the "
                                  f"modalities of the {part} describe the same items)")
-    (first, b), *rest = widths.items()
-    for path, width in rest:
-        if width != b:
-            raise InputError(f"{path}: codes have {width} bits but {first} has {b}")
-    return b
+    if width["queries"] != width["database"]:
+        raise InputError(f"{next(iter(codes['queries'].values()))[1]}: queries have {width['queries']} bits but the "
+                         f"database codes {next(iter(codes['database'].values()))[1]} have {width['database']}")
+    return width["database"]
 
 
 def _code_width(arr: np.ndarray, path, packed: bool, nbits: int | None) -> int:

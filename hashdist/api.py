@@ -20,6 +20,7 @@ from hashdist.report.evaluation import run_provenance
 from hashdist.report.tasks import combine_tasks
 
 __all__ = ["Evaluation", "compare", "evaluate", "evaluate_local", "groundtruth_local", "options_of", "prepare",
+           "prepare_tasks",
            "run_compare", "evaluate_runs"]
 
 
@@ -32,11 +33,17 @@ def options_of(function: str, options, keywords: dict, cls=EvaluateOptions):
     return options if options is not None else cls(**keywords)
 
 
-def prepare(dataset, options: EvaluateOptions | None = None, **keywords) -> tuple[PreparedRun, ...]:
-    """The dataset opened and checked with the options, and its blocks planned: a ``(ds, params, plan,
-    parameters)`` per task (one for a dataset without modalities;
-    :meth:`hashdist.options.EvaluateOptions.resolve_tasks`)."""
-    return options_of("prepare", options, keywords).resolve_tasks(dataset)
+def prepare(dataset, options: EvaluateOptions | None = None, **keywords) -> PreparedRun:
+    """The dataset opened and checked with the options, and its blocks planned: ``(ds, params, plan,
+    parameters)`` (:meth:`hashdist.options.EvaluateOptions.resolve`; on a dataset with modalities, its first
+    task's: see :func:`prepare_tasks`)."""
+    return options_of("prepare", options, keywords).resolve(dataset)
+
+
+def prepare_tasks(dataset, options: EvaluateOptions | None = None, **keywords) -> tuple[PreparedRun, ...]:
+    """:func:`prepare` for every task a run evaluates: one for a dataset without modalities, one per task for a
+    dataset with them (:meth:`hashdist.options.EvaluateOptions.resolve_tasks`)."""
+    return options_of("prepare_tasks", options, keywords).resolve_tasks(dataset)
 
 
 def evaluate_local(dataset, *, cache=None, threads: int | None = None, progress: bool = False,
@@ -46,7 +53,7 @@ def evaluate_local(dataset, *, cache=None, threads: int | None = None, progress:
     t0 = time.time()
     if threads is not None and (not is_integer(threads) or threads < 1):
         raise InputError(f"--threads / threads=: expected a positive integer or None, got {threads!r}")
-    runs = prepare(dataset, options_of("evaluate_local", options, keywords))
+    runs = prepare_tasks(dataset, options_of("evaluate_local", options, keywords))
     return evaluate_runs(runs, cache, threads, progress, t0)
 
 

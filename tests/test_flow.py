@@ -118,4 +118,4 @@ def test_a_cli_run_checks_its_options_against_the_dataset_once(class_dataset, tm
         out = tmp_path / engine
         assert main(["evaluate", class_dataset, "--out", str(out), "--engine", engine, "--no-cache", "--quiet",
                      "--no-html"]) == 0
-        assert calls == [class_dataset], engine
+        assert [getattr(d, "url", d) for d in calls] == [class_dataset], engine  # a path, or the dataset opened

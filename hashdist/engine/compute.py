@@ -14,7 +14,7 @@ from hashdist.engine.blocks import Block
 from hashdist.engine.cache import BlockCache
 from hashdist.engine.plan import Plan
 from hashdist.kernels.binned import binned_histogram_block
-from hashdist.kernels.codecounts import code_counts, split_by_code_hash
+from hashdist.kernels.codecounts import code_counts, rows_in_parts, split_by_code_hash
 from hashdist.kernels.codeusage import bit_ones_block
 from hashdist.kernels.collapse import auto_histogram_block, should_collapse
 from hashdist.kernels.hashtable import hashtable_counts
@@ -85,8 +85,8 @@ class CodePieces:
 def count_codes(plan: Plan, blocks, parts: range, ds: Dataset | None = None) -> CodePieces:
     """The distinct codes of these database blocks that fall in code parts ``parts``, a piece per block and part.
 
-    Rows are sorted into parts by hash first, so only a pass's share of each block is counted: the
-    passes together count every row once, each reading the codes again (cheap against the histograms).
+    A pass takes its rows of each block by a hash of the code (the others are skipped, not sorted), so only its
+    share is counted: the passes together count every row once, each reading the codes again.
     """
     ds = ds or open_dataset(plan.url, plan.task)
     result = CodePieces({p: [] for p in parts})
@@ -94,9 +94,7 @@ def count_codes(plan: Plan, blocks, parts: range, ds: Dataset | None = None) -> 
         words = ds.codes("database", d0, d1)
         if parts.start == 0:
             result.bit_ones = result.bit_ones + bit_ones_block(words, plan.nbits)
-        rows = split_by_code_hash(words, None, plan.code_parts)
-        mine = np.concatenate([rows[p][0] for p in parts])
-        codes, counts = code_counts(mine)
+        codes, counts = code_counts(rows_in_parts(words, plan.code_parts, parts.start, parts.stop))
         by_part = split_by_code_hash(codes, counts, plan.code_parts)[parts.start : parts.stop]
         for p, piece in zip(parts, by_part, strict=True):
             result.pieces[p].append(piece)

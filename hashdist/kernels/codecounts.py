@@ -42,6 +42,22 @@ def split_by_code_hash(codes: np.ndarray, counts: np.ndarray | None, parts: int)
             for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
 
 
+def rows_in_parts(codes: np.ndarray, parts: int, start: int, stop: int) -> np.ndarray:
+    """The code rows whose part (as :func:`split_by_code_hash` assigns it) is in [start, stop), in row order:
+    one pass of code counting takes its rows without sorting the others."""
+    codes = np.ascontiguousarray(codes, dtype=np.uint64)
+    keep = np.empty(codes.shape[0], dtype=np.bool_)
+    _in_parts(codes, parts, start, stop, keep)
+    return codes[keep]
+
+
+@cached_njit(nogil=True)
+def _in_parts(codes, parts, start, stop, keep):
+    for i in range(codes.shape[0]):
+        part = np.int64(((_mix(codes[i]) >> np.uint64(32)) * np.uint64(parts)) >> np.uint64(32))
+        keep[i] = start <= part < stop
+
+
 def merge_code_counts(pieces) -> tuple[np.ndarray, np.ndarray]:
     """Sum the (codes, counts) pieces of several chunks (exact, order-independent result: codes sorted by
     word); ``pieces`` is not empty."""

@@ -1,6 +1,6 @@
 """Cross-modal runs against unimodal ones: what two tasks cost through hashdist.evaluate_codes, warm.
 
-    .venv/bin/python bench/crossmodal.py [--repeats 5]
+    .venv/bin/python -m bench.crossmodal [--repeats 5]      # from the repository root
 
 Issue #42's targets: MIRFlickr-25K sizes (2,000 queries x 18,015 items, 24 labels, image->text and
 text->image, 64 bits) within 0.5 s; NUS-WIDE-21 sizes (2,100 x 193,734, 21 concepts, 2 tasks) within

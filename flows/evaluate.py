@@ -5,9 +5,10 @@ caching; Prefect tasks take runs of them, because each Prefect task run costs ab
 0.1 s of CPU (submission in the flow process, context and API clients on the
 worker): one histogram task per cluster thread (more for very large runs), each
 reading its own Zarr rows on the worker and returning partial histograms summed
-per query block (``hashdist.engine.compute.Partials``). Each histogram share also takes
-a group of the first pass of code counts along, while there are groups (one per
-cluster thread), in the same task.
+per query block (``hashdist.engine.compute.Partials``). The first pass of code counts
+(a group of database blocks per cluster thread) is submitted beside them as plain
+Dask tasks, whose results go as soon as the pass is counted (a Prefect task's
+state would keep them to the end of the run).
 
 Those results stay on the workers, and the reduction runs there too: the recipe
 ``hashdist.engine.reduction.reduce_blocks`` that ``--engine local`` runs on threads,
@@ -15,8 +16,7 @@ here on a Dask executor (plain Dask tasks on the workers): each finished share
 is taken apart on its worker (sums per metric item, tallies), each metric item's
 partial histograms are summed in a tree, and per-query metrics are computed beside
 the sums. The database's distinct codes are counted in passes of a few code parts
-(a group of database blocks per cluster thread and pass: in the first pass with a
-share, in later ones as a plain Dask task): each part is merged from its
+(a group of database blocks per cluster thread and pass, as a plain Dask task): each part is merged from its
 pieces on one worker and searched for M_k there, and a pass starts when the one
 before has finished, so no process holds every distinct code and memory does not
 grow with the database. Only per-query values (O(Q)) and small tallies reach the
@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import math
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 
 from distributed import as_completed, wait
@@ -57,9 +58,10 @@ from flows.runtime import (
 )
 from hashdist.engine import precompile
 from hashdist.engine.cache import resolve_cache
-from hashdist.engine.compute import CodePieces, count_codes, run_blocks
+from hashdist.engine.compute import count_codes, run_blocks
 from hashdist.engine.plan import Plan, code_passes, count_shares, for_threads, metric_items, work_shares
 from hashdist.engine.reduction import RunResult, item_sums, reduce_blocks
+from hashdist.engine.spill import spill_directory
 from hashdist.errors import InputError
 from hashdist.metrics.registry import headline_rows
 from hashdist.options import EvaluateOptions, ExecutionOptions, PreparedRun, split_keywords
@@ -75,32 +77,6 @@ PAIRS_PER_TASK = 2e10
 def histogram_task(plan, blocks, cache_dir):
     """One share of the plan: its blocks' partial results summed per query block."""
     return run_blocks(plan, blocks, resolve_cache(cache_dir))
-
-
-@task(name="code-counts", **TASK_OPTIONS)
-def count_task(plan, blocks, parts):
-    """The distinct codes of some database blocks in one pass's code parts, a piece per part."""
-    return count_codes(plan, blocks, parts)
-
-
-@dataclass
-class ShareAndCounts:
-    """A histogram share's Partials fields (the reduction picks sums and tallies from it as from a Partials) and
-    a group's code counts."""
-
-    sums: dict
-    tallies: dict
-    counts: CodePieces
-
-
-@task(name="histogram-blocks-and-code-counts", **TASK_OPTIONS)
-def share_and_counts_task(plan, blocks, count_blocks, parts, cache_dir):
-    """A histogram share and a group of code counts in one task: a Prefect task run costs the flow's process
-    about 0.1 s of CPU (0.04 s of it submitting), and the counts, a fraction of the histograms' work, would wait
-    for a free thread anyway."""
-    share = run_blocks(plan, blocks, resolve_cache(cache_dir))
-    counts = count_codes(plan, count_blocks, parts)
-    return ShareAndCounts(share.sums, share.tallies, counts)
 
 
 def _publish_artifacts(report: dict) -> None:
@@ -148,16 +124,6 @@ def _share_tallies(state):
     return _value(state).tallies
 
 
-def _share_counts(state) -> CodePieces:
-    """The code counts a completed share-and-counts task carries, apart from its histograms."""
-    return _value(state).counts
-
-
-def _counts(state) -> CodePieces:
-    """A completed code-counts task's CodePieces."""
-    return _value(state)
-
-
 @dataclass
 class SharePicks:
     """A finished share's result taken apart on its worker, so each piece can be kept, moved or spilled on its
@@ -192,9 +158,11 @@ class DaskExecutor:
         return self.client.gather(nested)
 
 
-def reduce_on_cluster(client, plan, params, picks: list[SharePicks], threads: int, first_counts: list) -> RunResult:
+def reduce_on_cluster(client, plan, params, picks: list[SharePicks], threads: int, first_counts: list,
+                      spill: str | None = None) -> RunResult:
     """:func:`hashdist.engine.reduction.reduce_blocks` on the workers, over the shares' picks and the code counts
-    (``first_counts``: the first pass's, submitted with the histogram tasks; later passes as plain Dask tasks).
+    (``first_counts``: the first pass's, submitted with the histogram tasks; later passes as plain Dask tasks,
+    reading the rows the first set aside in ``spill`` when there is one).
     Only per-query values and tallies are gathered here. The plan and parameters (a few KB) travel inside the
     tasks: scattered data cannot be recomputed, and a broadcast scatter waits forever for a worker that died
     meanwhile.
@@ -202,13 +170,12 @@ def reduce_on_cluster(client, plan, params, picks: list[SharePicks], threads: in
     item_parts = [[share.sums[i] for share in picks if i in share.sums] for i in range(len(metric_items(plan)))]
 
     def count_pass(parts):
-        """The first pass: the counts submitted with the histograms, handed over (not kept here); later passes as
-        plain Dask tasks beside the rest of the reduction (a Prefect task's state held its codes to the run's
-        end, so memory grew with the passes)."""
+        """The first pass: the counts submitted with the histograms, handed over (not kept here); later passes
+        submitted now. All are plain Dask tasks: a Prefect task's state would hold its codes to the run's end."""
         if parts.start == 0:
             handed, first_counts[:] = list(first_counts), []
             return handed
-        return [client.submit(count_codes, plan, group, parts) for group in count_shares(plan, threads)]
+        return [client.submit(count_codes, plan, group, parts, None, spill) for group in count_shares(plan, threads)]
 
     return reduce_blocks(DaskExecutor(client), plan, params, item_parts, [share.tallies for share in picks],
                          count_pass)
@@ -265,29 +232,31 @@ def _evaluation(run: PreparedRun, result: RunResult, plan: Plan, t_reduce: float
 
 @dataclass
 class _Submitted:
-    """One run's (a dataset's, or one task's) histogram shares in flight, and the parts of them taken so far."""
+    """One run's (a dataset's, or one task's) histogram shares in flight, the first pass of its code counts, and
+    the parts of the shares taken so far."""
 
     run: PreparedRun
     plan: Plan
     shares: list
-    paired: int  # shares 0..paired-1 carry a group of the first pass's code counts along
-    later_groups: list  # the first pass's other code-count groups, as plain tasks
+    first_counts: list  # the first pass's code counts, a plain Dask task per group of database blocks
     items: list
+    spill: str | None  # where the first pass sets aside the later passes' codes (hashdist.engine.spill)
     picks: list = field(default_factory=list)
-    share_counts: dict = field(default_factory=dict)
 
 
-def _submit(run: PreparedRun, threads: int, cache_arg) -> tuple[_Submitted, dict]:
-    """The run's histogram shares as tasks, each taking a group of the first pass's code counts along while there
-    are groups: (its state, {future: share index})."""
+def _submit(client, run: PreparedRun, threads: int, cache_arg, spills: ExitStack) -> tuple[_Submitted, dict]:
+    """The run's histogram shares as Prefect tasks and the first pass of its code counts as plain Dask tasks
+    beside them (a Prefect task's state would hold the codes to the run's end): (its state, {future: share}).
+    With the workers in this process, the first pass sets aside the later passes' codes in a temporary
+    directory that ``spills`` removes."""
     plan = for_threads(run.plan, threads)
     shares = work_shares(plan, max(threads, math.ceil(plan.pairs / PAIRS_PER_TASK)))
-    groups, first_pass = count_shares(plan, threads), code_passes(plan)[0]
-    paired = min(len(shares), len(groups))
-    futures = {(share_and_counts_task.submit(plan, share, groups[i], first_pass, cache_arg) if i < paired
-                else histogram_task.submit(plan, share, cache_arg)).wrapped_future: i for i, share in enumerate(shares)}
-    later_groups = [count_task.submit(plan, group, first_pass).wrapped_future for group in groups[paired:]]
-    return _Submitted(run, plan, shares, paired, later_groups, metric_items(plan)), futures
+    futures = {histogram_task.submit(plan, share, cache_arg).wrapped_future: i for i, share in enumerate(shares)}
+    spill = spills.enter_context(spill_directory(plan, workers_in_this_process()))
+    first_pass = code_passes(plan)[0]
+    counts = [client.submit(count_codes, plan, group, first_pass, None, spill)
+              for group in count_shares(plan, threads)]
+    return _Submitted(run, plan, shares, counts, metric_items(plan), spill), futures
 
 
 def _compute(runs: tuple[PreparedRun, ...], cache_arg, progress: bool, t_start: float):
@@ -296,33 +265,29 @@ def _compute(runs: tuple[PreparedRun, ...], cache_arg, progress: bool, t_start: 
     threads = cluster_threads()
     if workers_in_this_process():  # a first run's metric functions compile in a second process meanwhile
         precompile.start()
+    client = FlowRunContext.get().task_runner.client
     submitted, owner = [], {}
-    for run in runs:
-        one, futures = _submit(run, threads, cache_arg)
-        submitted.append(one)
-        owner.update({future: (one, i) for future, i in futures.items()})
-    client, pairs_done = FlowRunContext.get().task_runner.client, 0
-    blocks = sum(len(one.plan.histogram_blocks) for one in submitted)
-    with client.as_current(), progress_bar(blocks, progress) as bar:
-        for state in as_completed(list(owner)):  # waits without fetching: the results stay on the workers
-            one, i = owner.pop(state)
-            one.picks.append(pick_share(client, one.items, one.shares[i], state))  # released once taken apart
-            if i < one.paired:  # its code counts apart too, now that it is known to have completed
-                one.share_counts[i] = client.submit(_share_counts, state)
-            pairs_done += sum(block.pairs for block in one.shares[i])
-            advance(bar, len(one.shares[i]), pairs_done, t_start)
-        state = None
-        return [_reduce(client, one, threads) for one in submitted], threads
+    with ExitStack() as spills:
+        for run in runs:
+            one, futures = _submit(client, run, threads, cache_arg, spills)
+            submitted.append(one)
+            owner.update({future: (one, i) for future, i in futures.items()})
+        pairs_done, blocks = 0, sum(len(one.plan.histogram_blocks) for one in submitted)
+        with client.as_current(), progress_bar(blocks, progress) as bar:
+            for state in as_completed(list(owner)):  # waits without fetching: the results stay on the workers
+                one, i = owner.pop(state)
+                one.picks.append(pick_share(client, one.items, one.shares[i], state))  # released once taken apart
+                pairs_done += sum(block.pairs for block in one.shares[i])
+                advance(bar, len(one.shares[i]), pairs_done, t_start)
+            state = None
+            return [_reduce(client, one, threads) for one in submitted], threads
 
 
 def _reduce(client, one: _Submitted, threads: int):
     """A run's reduction on the workers, once its shares are in: (RunResult, plan, time it started)."""
-    _raise_failures(client, one.later_groups)
-    first_counts = ([one.share_counts.pop(i) for i in range(one.paired)]
-                    + [client.submit(_counts, s) for s in one.later_groups])
-    one.later_groups = []  # the first pass's codes are referenced by first_counts alone, until counted
+    first_counts, one.first_counts = one.first_counts, []  # referenced by the reduction alone, until counted
     t_reduce = time.time()
-    result = reduce_on_cluster(client, one.plan, one.run.params, one.picks, threads, first_counts)
+    result = reduce_on_cluster(client, one.plan, one.run.params, one.picks, threads, first_counts, one.spill)
     one.picks = []
     return result, one.plan, t_reduce
 

@@ -30,37 +30,33 @@ def test_flow_on_local_cluster_equals_single_process(class_dataset, tmp_path):
     assert _metrics(rerun) == _metrics(local)
 
 
-def test_each_share_takes_its_code_counts_along_and_equals_single_process(class_dataset, monkeypatch):
-    """Each histogram share runs with a group of the first pass's code counts in one Prefect task (a task run
-    costs the flow's process about 0.1 s) while there are groups; shares beyond the groups (fewer database
-    blocks than threads) run alone, and later passes of code counts as plain Dask tasks of the reduction (not
-    Prefect tasks, whose states held their codes to the run's end). Exact every way."""
+def test_code_counts_are_plain_dask_tasks_and_every_way_equals_single_process(class_dataset, monkeypatch):
+    """The histogram shares are the only Prefect tasks (one per cluster thread, fewer with fewer blocks): every pass
+    of code counts, the first included, runs as plain Dask tasks, whose results go once counted (a Prefect task's
+    state held its codes to the run's end, so memory grew with the database). Exact every way, with one pass or
+    several (the later ones reading the rows the first set aside)."""
     import flows.evaluate as evaluate_module
 
     submitted = []
+    real = evaluate_module.histogram_task.submit
 
-    def spy(task):
-        def submit(*args, **kwargs):
-            submitted.append(task.name)
-            return real(*args, **kwargs)
+    def submit(*args, **kwargs):
+        submitted.append(evaluate_module.histogram_task.name)
+        return real(*args, **kwargs)
 
-        real = task.submit
-        return submit
-
-    for task in (evaluate_module.histogram_task, evaluate_module.count_task, evaluate_module.share_and_counts_task):
-        monkeypatch.setattr(task, "submit", spy(task))
+    monkeypatch.setattr(evaluate_module.histogram_task, "submit", submit)
     local = _metrics(evaluate_local(class_dataset, cache=False))
     cases = [
-        ({}, ["histogram-blocks-and-code-counts"]),  # one histogram block
-        ({"query_block_rows": 35, "db_block_rows": 1000}, ["histogram-blocks-and-code-counts"] * 2),
-        ({"query_block_rows": 35}, ["histogram-blocks-and-code-counts", "histogram-blocks"]),  # one database block
-        ({"query_block_rows": 35, "db_block_rows": 1000, "code_parts": 4},
-         ["histogram-blocks-and-code-counts"] * 2),  # a second pass of two parts, on Dask alone
+        ({}, 1),  # one histogram block
+        ({"query_block_rows": 35, "db_block_rows": 1000}, 2),
+        ({"query_block_rows": 35}, 2),  # one database block, two query blocks
+        ({"query_block_rows": 35, "db_block_rows": 1000, "code_parts": 9}, 2),  # three passes of code counts
     ]
-    for options, tasks in cases:
+    for options, shares in cases:
         submitted.clear()
         assert _metrics(evaluate_module.run_evaluation(class_dataset, cache=False, threads=2, **options)) == local
-        assert submitted == tasks, options
+        assert submitted == ["histogram-blocks"] * shares, options
+    assert not [name for name in vars(evaluate_module) if "count" in name and name.endswith("_task")]
 
 
 def test_flow_on_external_loopback_cluster_equals_single_process(class_dataset, loopback_cluster):

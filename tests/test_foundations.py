@@ -4,6 +4,7 @@ import functools
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from math import comb
 
 import numpy as np
@@ -86,7 +87,7 @@ def test_partials_merge_in_any_order_gives_identical_results(class_dataset, part
     cache = BlockCache(None)
     reference = run_local(plan, params, cache, threads=1)
     _, _, plan, _ = prepare(class_dataset, query_block_rows=16, db_block_rows=500, code_parts=code_parts)
-    plan = for_threads(plan, threads)
+    plan = replace(for_threads(plan, threads), parts_per_pass=threads)  # a pass per `threads` parts
     assert len(code_passes(plan)) == -(-code_parts // threads)
     pieces = [run_blocks(plan, run, cache) for run in work_shares(plan, parts)]
     rng = np.random.default_rng(parts)

@@ -238,3 +238,22 @@ def test_read_only_filesystem_is_refused_at_once(dataset, tiny, tmp_path):
     one_line(evaluate(dataset, tmp_path / "r2", "--cache", cache, "--history", history), str(history), read_only)
     assert time.monotonic() - started < 30  # not the 60 s an append waits for another writer
     assert not (tmp_path / "r1").exists()
+
+
+def test_full_disk_while_setting_aside_codes_for_counting(dataset, reference, tiny, tmp_path):
+    """The code-counting passes' spill directory (hashdist.engine.spill) under TMPDIR on a full filesystem: one
+    line naming it and what to do, status 2, no report, nothing left in TMPDIR; with room, the same command
+    succeeds, with the metrics of a run that reads the codes in every pass, and again leaves TMPDIR empty."""
+    out, env = tmp_path / "report", {**os.environ, "TMPDIR": str(tiny)}
+    filler = fill(tiny, leave=4 * 1024)
+    command = [str(BIN / "hashdist"), "evaluate", dataset, "--out", str(out), *BLOCKS, "--no-cache", "--code-parts",
+               "12"]  # 3 passes of 4 parts: the first sets aside the rows of the other two
+    failed = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
+    one_line(failed, str(tiny), NO_SPACE, "TMPDIR")
+    assert not out.exists() and not leftovers(tmp_path, "report")
+    assert [p.name for p in tiny.iterdir()] == ["filler"]
+    filler.unlink()
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr
+    assert report(out)["metrics"] == reference
+    assert list(tiny.iterdir()) == []

@@ -53,15 +53,21 @@ def test_a_relative_dataset_path_reaches_workers_in_another_directory(class_data
 
 
 def test_multilabel_on_the_embedded_cluster_with_many_parts(multilabel_dataset):
+    """Several passes of code counts (4 parts a pass), the later ones reading the rows the first set aside
+    (hashdist.engine.spill), on the embedded cluster and on threads: the counts of one part."""
     from flows.evaluate import run_evaluation
 
     local = evaluate_local(multilabel_dataset, cache=False, code_parts=1)
     _same(run_evaluation(multilabel_dataset, cache=False, code_parts=5, threads=2, query_block_rows=16), local)
-    _same(evaluate_local(multilabel_dataset, cache=False, code_parts=4, threads=3, db_block_rows=500), local)
+    _same(evaluate_local(multilabel_dataset, cache=False, code_parts=9, threads=3, db_block_rows=500), local)
 
 
-def test_code_counts_in_passes_count_every_row_once(class_dataset):
-    """Each pass counts only its parts' rows; together the passes hold every distinct code once."""
+@pytest.mark.parametrize("spilled", [False, True])
+def test_code_counts_in_passes_count_every_row_once(class_dataset, tmp_path, spilled):
+    """Each pass counts only its parts' rows; together the passes hold every distinct code once. With a spill
+    directory the first pass sets aside the later passes' rows, which read them once and remove them."""
+    from dataclasses import replace
+
     from hashdist.api import prepare
     from hashdist.data.dataset import open_dataset
     from hashdist.engine.compute import count_codes
@@ -69,12 +75,16 @@ def test_code_counts_in_passes_count_every_row_once(class_dataset):
     from hashdist.kernels.codecounts import merge_code_counts
 
     _, _, plan, _ = prepare(class_dataset, db_block_rows=500, code_parts=7)
-    plan = for_threads(plan, 1)
+    plan = replace(for_threads(plan, 1), parts_per_pass=2)  # 4 passes
+    spill = str(tmp_path) if spilled else None
     codes = open_dataset(class_dataset).codes("database", 0, 3000)[:, 0]
     want_codes, want_counts = np.unique(codes, return_counts=True)
     got = {}
     for parts in code_passes(plan):
-        counted = count_codes(plan, plan.count_blocks, parts)
+        counted = count_codes(plan, plan.count_blocks, parts, None, spill)
+        if spilled:  # what is left: the files of the passes still to come, one per pass and block
+            left = sorted(int(f.name.split("-")[0]) for f in tmp_path.iterdir())
+            assert left == sorted(j for j in range(parts.start // 2 + 1, 4) for _ in plan.count_blocks)
         assert set(counted.pieces) == set(parts)
         assert isinstance(counted.bit_ones, np.ndarray) == (parts.start == 0)
         # a piece per block and part; merged per part, the parts hold every distinct code once

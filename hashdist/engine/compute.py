@@ -13,6 +13,7 @@ from hashdist.data.dataset import Dataset, open_dataset
 from hashdist.engine.blocks import Block
 from hashdist.engine.cache import BlockCache
 from hashdist.engine.plan import Plan
+from hashdist.engine.spill import spill_rows, take_rows
 from hashdist.kernels.binned import binned_histogram_block
 from hashdist.kernels.codecounts import code_counts, rows_in_parts, split_by_code_hash
 from hashdist.kernels.codeusage import bit_ones_block
@@ -82,19 +83,27 @@ class CodePieces:
     bit_ones: np.ndarray | int = 0
 
 
-def count_codes(plan: Plan, blocks, parts: range, ds: Dataset | None = None) -> CodePieces:
+def count_codes(plan: Plan, blocks, parts: range, ds: Dataset | None = None, spill: str | None = None) -> CodePieces:
     """The distinct codes of these database blocks that fall in code parts ``parts``, a piece per block and part.
 
     A pass takes its rows of each block by a hash of the code (the others are skipped, not sorted), so only its
-    share is counted: the passes together count every row once, each reading the codes again.
+    share is counted: the passes together count every row once. Without ``spill`` each pass reads the codes
+    again; with a spill directory (:mod:`hashdist.engine.spill`) the first pass sets aside the later passes'
+    rows there, and they read only those.
     """
     ds = ds or open_dataset(plan.url, plan.task)
     result = CodePieces({p: [] for p in parts})
     for d0, d1 in blocks:
-        words = ds.codes("database", d0, d1)
-        if parts.start == 0:
-            result.bit_ones = result.bit_ones + bit_ones_block(words, plan.nbits)
-        codes, counts = code_counts(rows_in_parts(words, plan.code_parts, parts.start, parts.stop))
+        if spill is not None and parts.start > 0:
+            mine = take_rows(spill, plan, parts, d0)
+        else:
+            words = ds.codes("database", d0, d1)
+            if parts.start == 0:
+                result.bit_ones = result.bit_ones + bit_ones_block(words, plan.nbits)
+                if spill is not None:
+                    spill_rows(spill, plan, words, d0)
+            mine = rows_in_parts(words, plan.code_parts, parts.start, parts.stop)
+        codes, counts = code_counts(mine)
         by_part = split_by_code_hash(codes, counts, plan.code_parts)[parts.start : parts.stop]
         for p, piece in zip(parts, by_part, strict=True):
             result.pieces[p].append(piece)

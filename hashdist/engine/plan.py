@@ -16,7 +16,8 @@ from hashdist.kernels import KERNEL_VERSION
 from hashdist.kernels.distance import DistanceAxis
 
 METRIC_ROWS = 1024  # queries per metrics work item: threads share the work evenly, calls stay vectorised
-CODES_PER_PART = 2**22  # database items whose distinct codes one code part may hold (64 MiB at B = 64)
+CODES_PER_PART = 2**21  # database items whose distinct codes one code part may hold (32 MiB at B = 64)
+PASS_CODES = 2**23  # database items whose distinct codes one pass holds at most, beyond one part per thread
 
 
 @dataclass(frozen=True)
@@ -120,11 +121,12 @@ def make_plan(
 
 def for_threads(plan: Plan, threads: int) -> Plan:
     """The plan's code parts for ``threads`` worker threads: the parts the user chose, else enough that one
-    holds the codes of at most CODES_PER_PART items and at least one per thread; one per thread is counted,
-    merged and searched in one pass over the database codes, so memory does not grow with the database."""
+    holds the codes of at most CODES_PER_PART items, and at least one per thread. A pass over the database
+    codes counts, merges and searches the codes of PASS_CODES items (at least a part per thread): every pass
+    but the last holds about as many codes whatever the database's size, so memory does not grow with it."""
     n_items = sum(d1 - d0 for d0, d1 in plan.count_blocks)
     parts = plan.code_parts or max(threads, -(-n_items // CODES_PER_PART))
-    return replace(plan, code_parts=parts, parts_per_pass=max(1, threads))
+    return replace(plan, code_parts=parts, parts_per_pass=max(1, threads, PASS_CODES // CODES_PER_PART))
 
 
 def code_passes(plan: Plan) -> list[range]:

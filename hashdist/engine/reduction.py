@@ -24,6 +24,7 @@ from hashdist.engine import precompile
 from hashdist.engine.cache import BlockCache
 from hashdist.engine.compute import TALLIES, CodePieces, Partials, add_sums, count_codes, run_blocks
 from hashdist.engine.plan import Plan, code_passes, for_threads, metric_items, work_shares
+from hashdist.engine.spill import spill_directory
 from hashdist.kernels.codecounts import ball_lookup_table, max_bucket_within, merge_code_counts
 from hashdist.kernels.codeusage import bucket_sizes, code_usage, merge_bucket_sizes
 from hashdist.metrics.summary import MetricParams, aggregate, concat_per_query, per_query_metrics
@@ -219,11 +220,13 @@ def run_local(plan: Plan, params: MetricParams, cache: BlockCache, *, threads: i
 
 
 def reduce_partials(executor, plan: Plan, params: MetricParams, partials: Partials) -> RunResult:
-    """:func:`reduce_blocks` over one process's merged Partials, the code counted per database block."""
+    """:func:`reduce_blocks` over one process's merged Partials, the code counted per database block, the later
+    passes' rows set aside in a spill directory by the first (:mod:`hashdist.engine.spill`)."""
     ds = open_dataset(plan.url, plan.task)
     item_parts = [[item_sums(partials.sums[q0], q0, start, stop)] for q0, start, stop in metric_items(plan)]
+    with spill_directory(plan) as spill:
 
-    def count_pass(parts):
-        return [executor.submit(count_codes, plan, [block], parts, ds) for block in plan.count_blocks]
+        def count_pass(parts):
+            return [executor.submit(count_codes, plan, [block], parts, ds, spill) for block in plan.count_blocks]
 
-    return reduce_blocks(executor, plan, params, item_parts, [partials.tallies], count_pass, ds)
+        return reduce_blocks(executor, plan, params, item_parts, [partials.tallies], count_pass, ds)

@@ -45,17 +45,22 @@ def split_by_code_hash(codes: np.ndarray, counts: np.ndarray | None, parts: int)
 def rows_in_parts(codes: np.ndarray, parts: int, start: int, stop: int) -> np.ndarray:
     """The code rows whose part (as :func:`split_by_code_hash` assigns it) is in [start, stop), in row order:
     one pass of code counting takes its rows without sorting the others."""
+    part = code_parts_of(codes, parts)
+    return np.ascontiguousarray(codes, dtype=np.uint64)[(part >= start) & (part < stop)]
+
+
+def code_parts_of(codes: np.ndarray, parts: int) -> np.ndarray:
+    """Each code row's part, 0..parts-1, as :func:`split_by_code_hash` assigns it."""
     codes = np.ascontiguousarray(codes, dtype=np.uint64)
-    keep = np.empty(codes.shape[0], dtype=np.bool_)
-    _in_parts(codes, parts, start, stop, keep)
-    return codes[keep]
+    part = np.empty(codes.shape[0], dtype=np.int64)
+    _parts_of(codes, parts, part)
+    return part
 
 
 @cached_njit(nogil=True)
-def _in_parts(codes, parts, start, stop, keep):
+def _parts_of(codes, parts, part):
     for i in range(codes.shape[0]):
-        part = np.int64(((_mix(codes[i]) >> np.uint64(32)) * np.uint64(parts)) >> np.uint64(32))
-        keep[i] = start <= part < stop
+        part[i] = _part(codes[i], parts)
 
 
 def merge_code_counts(pieces) -> tuple[np.ndarray, np.ndarray]:
@@ -86,6 +91,12 @@ def _mix(codes_row):
     return h
 
 
+@njit(nogil=True, inline="always")
+def _part(codes_row, parts):
+    """A code's part: its hash's upper 32 bits scaled to 0..parts-1 (the lookup table uses the lower ones)."""
+    return np.int64(((_mix(codes_row) >> np.uint64(32)) * np.uint64(parts)) >> np.uint64(32))
+
+
 @cached_njit(nogil=True)
 def _order_by_part(codes, parts, order, bounds):
     """A counting sort of the rows by code part (stable: each part keeps the rows' order); rows of part p are
@@ -93,7 +104,7 @@ def _order_by_part(codes, parts, order, bounds):
     uses the lower ones, so a part's codes still fill its table evenly)."""
     part = np.empty(codes.shape[0], dtype=np.int64)
     for i in range(codes.shape[0]):
-        part[i] = np.int64(((_mix(codes[i]) >> np.uint64(32)) * np.uint64(parts)) >> np.uint64(32))
+        part[i] = _part(codes[i], parts)
         bounds[part[i] + 1] += 1
     for p in range(parts):
         bounds[p + 1] += bounds[p]

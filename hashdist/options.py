@@ -110,7 +110,7 @@ class EvaluateOptions:
         f"database rows per block (default {DEFAULT_DB_BLOCK_ROWS}; rounded up to whole chunks; at most 2^31 - 1)"))
     code_parts: int | None = field(default=None, metadata=option(
         "split the database's distinct codes (for mLGAP and code usage) into P parts by hash, each merged and "
-        "searched on its own (default: one per 4M items, and at least one per thread); results never depend on "
+        "searched on its own (default: one per 2M items, and at least one per thread); results never depend on "
         "P, memory per part does", metavar="P"))
 
     def __post_init__(self):

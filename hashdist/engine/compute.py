@@ -12,6 +12,7 @@ import numpy as np
 from hashdist.data.dataset import Dataset, open_dataset
 from hashdist.engine.blocks import Block
 from hashdist.engine.cache import BlockCache
+from hashdist.engine.heap import map_large_arrays
 from hashdist.engine.plan import Plan
 from hashdist.engine.spill import spill_rows, take_rows
 from hashdist.kernels.binned import binned_histogram_block
@@ -91,6 +92,7 @@ def count_codes(plan: Plan, blocks, parts: range, ds: Dataset | None = None, spi
     again; with a spill directory (:mod:`hashdist.engine.spill`) the first pass sets aside the later passes'
     rows there, and they read only those.
     """
+    map_large_arrays()
     ds = ds or open_dataset(plan.url, plan.task)
     result = CodePieces({p: [] for p in parts})
     for d0, d1 in blocks:
@@ -154,6 +156,7 @@ def run_blocks(plan: Plan, blocks, cache: BlockCache, progress=None) -> Partials
 
     ``progress(block, cached)`` is called after each histogram block.
     """
+    map_large_arrays()
     partials, ds, memo = Partials(), None, {}  # see compute_histogram
     for block in blocks:
         ds = ds or open_dataset(plan.url, plan.task)

@@ -160,8 +160,8 @@ def reduce_blocks(executor, plan: Plan, params: MetricParams, item_parts: list[l
             for i, (_, start, stop) in enumerate(items):
                 found[i].append(executor.submit(part_max_buckets, plan, part, start, stop, shells[i], ds))
             sizes.append(executor.submit(part_bucket_sizes, part))
+        counted = part = None  # held by the steps alone: a part's pieces go once it is merged, a part once searched
         executor.wait([f for fs in found for f in fs[-len(parts):]] + sizes[-len(parts):])  # this pass is done
-        counted = part = None  # its codes go before the next pass counts: one pass's codes held at a time
     M = [tree(executor, np.maximum, fs) for fs in found]
     t1 = time.perf_counter()
     precompile.join()  # a first run: the measures compile on two cores

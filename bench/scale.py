@@ -7,8 +7,9 @@ every bit a fair coin, so nearly every code is distinct), Q queries, radii 0..2.
 and 2 `dask worker` processes x 1 thread on 127.0.0.1 (fresh for each N), and the flow
 (`hashdist evaluate --address`, no cache, no HTML) in a third process; the peak RSS of each
 process (the flow's own temporary Prefect API server counted separately) is sampled every 0.1 s.
-At the smallest N the same command with `--engine local` checks the metrics are identical and
-records its peak RSS too. Writes bench/results/<date>-scale.{json,md}. Not part of the test suite.
+Then, for each N, the embedded default engine and `--engine local` in one process each (issue #44): their
+wall and peak RSS, and whether their metrics equal the cluster's. Writes bench/results/<date>-scale.{json,md}.
+Not part of the test suite.
 """
 
 from __future__ import annotations
@@ -120,6 +121,74 @@ def stop(procs: dict[str, subprocess.Popen]) -> None:
             p.kill()
 
 
+def one_process(ds: Path, workdir: Path, n: int, cluster_report: dict) -> dict:
+    """The embedded default engine and `--engine local` on the same dataset: wall, peak RSS of the process (its
+    API server apart) and whether metrics and code usage equal the loopback cluster's."""
+    rows = {}
+    for engine, extra in (("default", []), ("local", ["--engine", "local"])):
+        report, peaks = evaluate(ds, workdir / f"report-{n}-{engine}", extra, {})
+        rows[engine] = {"wall_s": report["timing"]["measured_wall_s"], "peak_rss_gib": peaks["flow"],
+                        "api_server_gib": peaks.get("flow children", 0.0),
+                        "identical": report["metrics"] == cluster_report["metrics"]
+                        and report["code_usage"] == cluster_report["code_usage"]}
+    return rows
+
+
+def run_size(workdir: Path, n: int, a) -> dict:
+    """One database size: the loopback cluster's run, then the one-process engines'."""
+    t = time.perf_counter()
+    ds = dataset(workdir, n, a.queries)
+    print(f"N = {n:,}: dataset ready ({time.perf_counter() - t:.0f} s)", file=sys.stderr)
+    port = free_port()
+    procs = cluster(port, a.memory_limit)
+    try:
+        report, peaks = evaluate(ds, workdir / f"report-{n}", ["--address", f"tcp://127.0.0.1:{port}"], procs)
+    finally:
+        stop(procs)
+    row = {"n": n, "queries": a.queries, "wall_s": report["timing"]["measured_wall_s"],
+           "timing": report["timing"], "code_parts": report["engine"]["code_parts"],
+           "distinct_codes": report["code_usage"]["distinct_codes"], "peak_rss_gib": peaks,
+           "map": report["metrics"]["map"]["expected"], "one_process": one_process(ds, workdir, n, report)}
+    print(json.dumps(row), file=sys.stderr)
+    return row
+
+
+def markdown(result: dict, queries: int) -> list[str]:
+    rows = result["rows"]
+    md = [f"# Scaling out, {result['date']}", "", f"{result['cpu']}, {result['cores']} cores; loopback cluster: "
+          "`dask scheduler` + 2 `dask worker --nthreads 1`; flow in its own process; Q = "
+          f"{queries}, random 64-bit codes, class labels, radii 0..2, no cache, no HTML.", "",
+          "| N | code parts | distinct codes | wall s | compute s | reduce s | peak RSS GiB: flow / its API server / "
+          "scheduler / workers |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        p = r["peak_rss_gib"]
+        md.append(f"| {r['n']:,} | {r['code_parts']} | {r['distinct_codes']:,} | {r['wall_s']:.1f} | "
+                  f"{r['timing']['compute_s']:.1f} | {r['timing']['reduce_s']:.1f} | {p['flow']:.2f} / "
+                  f"{p.get('flow children', 0):.2f} / {p['scheduler']:.2f} / {p['worker 0']:.2f}, "
+                  f"{p['worker 1']:.2f} |")
+    md += ["", "One process, the same datasets (`hashdist evaluate`, the embedded default engine and `--engine local`; "
+           "peak RSS of the process, its API server apart):", "",
+           "| N | default: wall s | default: peak RSS GiB | local: wall s | local: peak RSS GiB | identical to the "
+           "cluster's |", "| --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        d, loc = r["one_process"]["default"], r["one_process"]["local"]
+        md.append(f"| {r['n']:,} | {d['wall_s']:.1f} | {d['peak_rss_gib']:.2f} | {loc['wall_s']:.1f} | "
+                  f"{loc['peak_rss_gib']:.2f} | {d['identical'] and loc['identical']} |")
+    if len(rows) > 1:
+        first, last = rows[0], rows[-1]
+        ratio = {name: last["peak_rss_gib"][name] / first["peak_rss_gib"][name]
+                 for name in ("flow", "scheduler", "worker 0", "worker 1")}
+        for engine in ("default", "local"):
+            a, b = first["one_process"][engine], last["one_process"][engine]
+            ratio[f"{engine} engine"] = b["peak_rss_gib"] / a["peak_rss_gib"]
+        walls = {"cluster": last["wall_s"] / first["wall_s"]} | {
+            engine: last["one_process"][engine]["wall_s"] / first["one_process"][engine]["wall_s"]
+            for engine in ("default", "local")}
+        md += ["", f"{last['n']:,} against {first['n']:,}: wall " + ", ".join(f"{k} {v:.2f}x" for k, v in walls.items())
+               + "; peak RSS " + ", ".join(f"{k} {v:.2f}x" for k, v in ratio.items()) + "."]
+    return md
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", type=float, nargs="+", default=[10e6, 40e6, 100e6])
@@ -130,54 +199,13 @@ def main() -> None:
     a = ap.parse_args()
     workdir = a.workdir or Path(tempfile.mkdtemp(prefix="hashdist-scale-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    rows, local = [], None
-    for n in sorted(int(s) for s in a.sizes):
-        t = time.perf_counter()
-        ds = dataset(workdir, n, a.queries)
-        print(f"N = {n:,}: dataset ready ({time.perf_counter() - t:.0f} s)", file=sys.stderr)
-        port = free_port()
-        procs = cluster(port, a.memory_limit)
-        try:
-            report, peaks = evaluate(ds, workdir / f"report-{n}", ["--address", f"tcp://127.0.0.1:{port}"], procs)
-        finally:
-            stop(procs)
-        row = {"n": n, "queries": a.queries, "wall_s": report["timing"]["measured_wall_s"],
-               "timing": report["timing"], "code_parts": report["engine"]["code_parts"],
-               "distinct_codes": report["code_usage"]["distinct_codes"], "peak_rss_gib": peaks,
-               "map": report["metrics"]["map"]["expected"]}
-        if local is None:
-            local_report, local_peaks = evaluate(ds, workdir / f"report-{n}-local", ["--engine", "local"], {})
-            local = {"n": n, "wall_s": local_report["timing"]["measured_wall_s"], "peak_rss_gib": local_peaks,
-                     "identical_metrics": local_report["metrics"] == report["metrics"],
-                     "identical_code_usage": local_report["code_usage"] == report["code_usage"]}
-        rows.append(row)
-        print(json.dumps(row), file=sys.stderr)
+    rows = [run_size(workdir, n, a) for n in sorted(int(s) for s in a.sizes)]
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), platform.processor())
-    result = {"date": dt.date.today().isoformat(), "cpu": cpu, "cores": os.cpu_count(), "rows": rows, "local": local}
+    result = {"date": dt.date.today().isoformat(), "cpu": cpu, "cores": os.cpu_count(), "rows": rows}
     out = HERE / "results" / f"{result['date']}-scale"
     out.with_suffix(".json").write_text(json.dumps(result, indent=2))
-    md = [f"# Scaling out, {result['date']}", "", f"{cpu}, {os.cpu_count()} cores; loopback cluster: `dask scheduler` "
-          f"+ 2 `dask worker --nthreads 1`; flow in its own process; Q = {a.queries}, random 64-bit codes, "
-          "class labels, radii 0..2, no cache, no HTML.", "",
-          "| N | code parts | distinct codes | wall s | compute s | reduce s | peak RSS GiB: flow / its API server / "
-          "scheduler / workers |", "| --- | --- | --- | --- | --- | --- | --- |"]
-    for r in rows:
-        p = r["peak_rss_gib"]
-        md.append(f"| {r['n']:,} | {r['code_parts']} | {r['distinct_codes']:,} | {r['wall_s']:.1f} | "
-                  f"{r['timing']['compute_s']:.1f} | {r['timing']['reduce_s']:.1f} | {p['flow']:.2f} / "
-                  f"{p.get('flow children', 0):.2f} / {p['scheduler']:.2f} / {p['worker 0']:.2f}, "
-                  f"{p['worker 1']:.2f} |")
-    if len(rows) > 1:
-        first, last = rows[0], rows[-1]
-        ratio = {name: last["peak_rss_gib"][name] / first["peak_rss_gib"][name]
-                 for name in ("flow", "scheduler", "worker 0", "worker 1")}
-        md += ["", f"Wall time {last['n']:,} / {first['n']:,}: {last['wall_s'] / first['wall_s']:.2f}x; peak RSS at "
-               f"{last['n']:,} / at {first['n']:,}: " + ", ".join(f"{k} {v:.2f}x" for k, v in ratio.items()) + "."]
-    if local:
-        md += ["", f"`--engine local` at N = {local['n']:,}: wall {local['wall_s']:.1f} s, peak RSS "
-               f"{local['peak_rss_gib']['flow']:.2f} GiB; metrics identical to the cluster's: "
-               f"{local['identical_metrics']}, code usage identical: {local['identical_code_usage']}."]
+    md = markdown(result, a.queries)
     out.with_suffix(".md").write_text("\n".join(md) + "\n")
     print("\n".join(md))
 

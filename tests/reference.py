@@ -958,3 +958,40 @@ def first_hits_expected_positionwise(dist, grade, k):
         if Rp >= m:
             break
     return math.fsum(terms) / m
+
+
+# -- small histograms and paper tables, shared by the convention and comparison tests ---------------------
+
+
+def histogram_of_groups(queries, B=3):
+    """(Q, B + 1, 2) histograms of queries given as {distance: (irrelevant, relevant)}."""
+    H = np.zeros((len(queries), B + 1, 2), np.int64)
+    for q, groups in enumerate(queries):
+        for d, counts in groups.items():
+            H[q, d] = counts
+    return H
+
+
+def random_group_queries(rng, min_queries, max_queries, max_group):
+    """min..max queries on 4 distances, each with 1-3 tie groups of 1..max_group items, any share relevant."""
+    queries = []
+    for _ in range(int(rng.integers(min_queries, max_queries + 1))):
+        groups = {}
+        for d in rng.choice(4, size=int(rng.integers(1, 4)), replace=False).tolist():
+            n = int(rng.integers(1, max_group + 1))
+            r = int(rng.integers(0, n + 1))
+            groups[d] = (n - r, r)
+        queries.append(groups)
+    return queries
+
+
+def markdown_rows(text):
+    """(header, body rows) of a Markdown table, cells stripped."""
+    lines = [line for line in text.splitlines() if line.startswith("|")]
+    split = [[c.strip() for c in line.strip("|").split("|")] for line in lines]
+    return split[0], split[2:]
+
+
+def intervals_overlap(a, b):
+    """Whether two {worst, best} tie intervals share a value."""
+    return max(a["worst"], b["worst"]) <= min(a["best"], b["best"])

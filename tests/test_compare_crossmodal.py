@@ -15,6 +15,7 @@ from hashdist.api import compare, evaluate_prepared, run_compare
 from hashdist.cli import main
 from hashdist.options import CompareOptions
 from hashdist.report.comparison import latex_table, markdown_table, paper_cells
+from tests import reference as ref
 
 TASKS = ("image->text", "text->image")
 # name -> (dataset, bits, noise): a model at 16 and 32 bits, a weaker one, and a copy of the first (its intervals
@@ -142,16 +143,6 @@ def _check_latex(tex: str, groups: list[tuple[str, int]], columns: int) -> list[
     return [[cell.strip() for cell in line[:-2].split("&")] for line in rows[2:]]
 
 
-def _markdown_rows(text):
-    lines = [line for line in text.splitlines() if line.startswith("|")]
-    split = [[c.strip() for c in line.strip("|").split("|")] for line in lines]
-    return split[0], split[2:]
-
-
-def _overlaps(a, b):
-    return max(a["worst"], b["worst"]) <= min(a["best"], b["best"])
-
-
 def _expected_cells(c: dict, rows: list[str], columns: list[tuple[str, dict]]) -> list[list[tuple]]:
     """(value, bold, dagger) each cell should show: ``columns`` (task, {row: method name}) from the per-task
     reports' mAP expected, worst and best."""
@@ -163,7 +154,7 @@ def _expected_cells(c: dict, rows: list[str], columns: list[tuple[str, dict]]) -
             if row not in maps:
                 out[i].append(None)
                 continue
-            dagger = any(_overlaps(maps[row], maps[other]) for other in maps if other != row)
+            dagger = any(ref.intervals_overlap(maps[row], maps[other]) for other in maps if other != row)
             out[i].append((f"{maps[row]['expected']:.4f}", maps[row]["expected"] == best, dagger))
     return out
 
@@ -181,7 +172,7 @@ def test_paper_table_by_bit_length(cli_run):
     assert r"itq\_x" in tex and "itq_x" not in tex.replace(r"itq\_x", "")  # escaped
     assert r"I$\to$T: image queries against the text database; T$\to$I: text queries against the image database" \
         in tex and "expected over all orders of items tied" in tex
-    header, rows = _markdown_rows(md)
+    header, rows = ref.markdown_rows(md)
     assert header == ["Method", "I\u2192T 16 bits", "I\u2192T 32 bits", "T\u2192I 16 bits", "T\u2192I 32 bits"]
     groups_order = [row[0] for row in rows]
     assert sorted(groups_order) == ["copy", "cvh", "itq_x"] and [row[0] for row in latex_rows] == [
@@ -219,7 +210,7 @@ def test_methods_at_one_length_and_task_order(data, tmp_path):
     tasks = ["text->image", "image->text"]
     c = compare(_specs(data, names), cache=False, permutations=9, bootstrap=10, tasks=tasks)
     assert c["task_order"] == tasks and list(c["tasks"]) == tasks
-    header, rows = _markdown_rows(markdown_table(c))
+    header, rows = ref.markdown_rows(markdown_table(c))
     assert header == ["Method", "T\u2192I mAP", "I\u2192T mAP"]
     order = [row[0] for row in rows]
     assert order == c["tasks"]["text->image"]["ranking"]

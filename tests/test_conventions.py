@@ -32,6 +32,8 @@ from hashdist.metrics.summary import MetricParams, per_query_metrics
 from hashdist.options import EvaluateOptions
 from tests import reference as ref
 
+histogram = ref.histogram_of_groups  # queries as {distance: (irrelevant, relevant)}
+
 NAMES = tuple(c.name for c in CONVENTIONS)
 TOL = 1e-12
 
@@ -157,15 +159,6 @@ def enumerated(H, k):
                    "worst": min(v for _, v in vs)} for name, vs in values.items()}
 
 
-def histogram(queries, B=3):
-    """Queries given as {distance: (irrelevant, relevant)}."""
-    H = np.zeros((len(queries), B + 1, 2), np.int64)
-    for q, groups in enumerate(queries):
-        for d, counts in groups.items():
-            H[q, d] = counts
-    return H
-
-
 HAND_MADE = {
     # hashnet: one query in the mean only when its boundary group puts a relevant item in the top K,
     # one always in it, one never (R = 0)
@@ -186,15 +179,7 @@ HAND_MADE = {
 
 def random_heavy_ties(rng):
     """2-3 queries on 4 distances, groups of 1-5 items; K at, just before or just after group boundaries."""
-    queries = []
-    for _ in range(int(rng.integers(2, 4))):
-        groups = {}
-        for d in rng.choice(4, size=int(rng.integers(1, 4)), replace=False).tolist():
-            n = int(rng.integers(1, 6))
-            r = int(rng.integers(0, n + 1))
-            groups[d] = (n - r, r)
-        queries.append(groups)
-    H = histogram(queries)
+    H = histogram(ref.random_group_queries(rng, 2, 3, 5))
     ends = {int(e) for q in range(H.shape[0]) for e in np.cumsum(H[q].sum(axis=1)) if e}
     candidates = sorted({max(1, e + shift) for e in ends for shift in (-2, -1, 0, 1)})
     return H, sorted(rng.choice(candidates, size=min(3, len(candidates)), replace=False).tolist())

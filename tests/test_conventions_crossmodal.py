@@ -23,6 +23,8 @@ from hashdist.metrics.conventions import BY_NAME, conventions_report, dcmh_topk_
 from hashdist.metrics.summary import MetricParams, per_query_metrics
 from tests import reference as ref
 
+histogram = ref.histogram_of_groups  # queries as {distance: (irrelevant, relevant)}
+
 NAMES = ("dcmh", "dcmh_topk")
 POLICIES = ("expected", "best", "worst")
 TOL = 1e-12
@@ -33,15 +35,6 @@ def crossmodal(H, ks):
     params = MetricParams(ks=tuple(ks), radii=(0,), conventions=NAMES)
     per_query = per_query_metrics(H, np.ones((H.shape[0], 1), np.int64), params)
     return conventions_report(per_query, NAMES, ks)
-
-
-def histogram(queries, B=3):
-    """Queries given as {distance: (irrelevant, relevant)}."""
-    H = np.zeros((len(queries), B + 1, 2), np.int64)
-    for q, groups in enumerate(queries):
-        for d, counts in groups.items():
-            H[q, d] = counts
-    return H
 
 
 def as_float(x):
@@ -107,15 +100,7 @@ def test_tie_free_data_gives_the_scripts_number_for_every_policy(seed):
 def random_small_ties(rng):
     """1-3 queries on 4 distances, groups of 1-8 items, at most 3000 distinct orders per query."""
     while True:
-        queries = []
-        for _ in range(int(rng.integers(1, 4))):
-            groups = {}
-            for d in rng.choice(4, size=int(rng.integers(1, 4)), replace=False).tolist():
-                n = int(rng.integers(1, 9))
-                r = int(rng.integers(0, n + 1))
-                groups[d] = (n - r, r)
-            queries.append(groups)
-        H = histogram(queries)
+        H = histogram(ref.random_group_queries(rng, 1, 3, 8))
         if all(ref.n_arrangements(*ref.expand_histogram(H[q])) <= 3000 for q in range(H.shape[0])):
             return H
 

@@ -8,6 +8,7 @@ from hashdist.api import compare
 from hashdist.cli import main
 from hashdist.data.synth import synth_dataset
 from hashdist.report.comparison import latex_table, markdown_table
+from tests import reference as ref
 
 POLICIES = ("worst", "expected", "best")
 
@@ -24,21 +25,11 @@ def datasets(tmp_path_factory):
     return {name: str(d / f"{name}.zarr") for name in specs}
 
 
-def _markdown_rows(text):
-    lines = [line for line in text.splitlines() if line.startswith("|")]
-    split = [[c.strip() for c in line.strip("|").split("|")] for line in lines]
-    return split[0], split[2:]
-
-
-def _overlaps(a, b):
-    return max(a["worst"], b["worst"]) <= min(a["best"], b["best"])
-
-
 def test_methods_by_metrics(datasets):
     specs = [f"{n}={p}" for n, p in datasets.items() if n.endswith("@16")] + [f"copy={datasets['itq_hash@16']}"]
     c = compare(specs, cache=False, permutations=9, bootstrap=10, k=[10])
     table = markdown_table(c)
-    header, rows = _markdown_rows(table)
+    header, rows = ref.markdown_rows(table)
     assert header[:3] == ["Method", "mAP", "mAP@10"]
     assert "CalcTopMap" in table  # the caption names mAP@K's normaliser where the table has mAP@K
     names = [row[0] for row in rows]
@@ -50,7 +41,7 @@ def test_methods_by_metrics(datasets):
         for n, row in zip(names, rows, strict=True):
             cell = row[col]
             assert cell.startswith("**") == (values[n]["expected"] == best), (n, cell)
-            dagger = any(_overlaps(values[n], values[o]) for o in names if o != n)
+            dagger = any(ref.intervals_overlap(values[n], values[o]) for o in names if o != n)
             assert cell.endswith("\u2020") == dagger, (n, cell)
             assert f"{values[n]['expected']:.4f}" in cell
     assert [row[1].startswith("**") and row[1].endswith("\u2020") for row in rows].count(True) == 2  # the copies
@@ -63,7 +54,7 @@ def test_models_by_bit_length_and_latex(datasets, tmp_path, capsys):
     assert main(argv) == 0
     assert "leaderboard.tex" in capsys.readouterr().out
     md = (out / "leaderboard.md").read_text()
-    header, rows = _markdown_rows(md)
+    header, rows = ref.markdown_rows(md)
     assert header == ["Method", "16 bits", "32 bits"]
     assert sorted(row[0] for row in rows) == ["itq_hash", "lsh"]
     assert "expected over all orders of items tied" in md and "CalcTopMap" not in md  # no mAP@K column here

@@ -15,6 +15,7 @@ from hashdist.data.synth import synth_dataset
 from hashdist.errors import InputError
 from hashdist.metrics.stats import exact_randomization_pvalue, holm, t_interval
 from hashdist.report.comparison import format_leaderboard, latex_table, markdown_table
+from tests import reference as ref
 
 SEEDS = (11, 12, 13)  # run t has the labels of seed SEEDS[t] (its own split)
 COMMON = dict(n_database=300, n_queries=25, labels="class", n_classes=4, chunk_rows=128)
@@ -220,7 +221,7 @@ def test_cli_writes_runs_and_summaries(runs, tmp_path, capsys):
     assert '<figure id="fig-bit_length"><img' in page
 
     # paper tables: models x bit lengths, mean ± sd, bold on the best mean
-    header, rows = _markdown_rows((out / "leaderboard.md").read_text())
+    header, rows = ref.markdown_rows((out / "leaderboard.md").read_text())
     assert header == ["Method", "16 bits", "32 bits"]
     cells = {row[0]: row[1:] for row in rows}
     good16, poor16 = (c["methods"][n]["over_runs"]["mAP"] for n in ("good@16", "poor@16"))
@@ -237,7 +238,7 @@ def test_cli_writes_runs_and_summaries(runs, tmp_path, capsys):
 def test_paper_table_by_metrics_marks_overlapping_mean_tie_intervals(runs):
     specs = [_spec("good", runs["good@16"]), _spec("copy", runs["good@16"]), _spec("poor", runs["poor@16"])]
     c = compare(specs, cache=False, k=[10], permutations=9, bootstrap=10)
-    header, rows = _markdown_rows(markdown_table(c))
+    header, rows = ref.markdown_rows(markdown_table(c))
     assert header[:3] == ["Method", "mAP", "mAP@10"]
     assert [row[0] for row in rows] == c["ranking"]
     for column, key in ((1, "map"), (2, "map_at_k")):
@@ -256,12 +257,6 @@ def test_paper_table_by_metrics_marks_overlapping_mean_tie_intervals(runs):
                          for other, o in summary.items() if other != name)
             assert text.endswith("\u2020") == dagger, (name, text)
     assert rows[0][1].endswith("\u2020") and rows[1][1].endswith("\u2020")  # the copies tie
-
-
-def _markdown_rows(text):
-    lines = [line for line in text.splitlines() if line.startswith("|")]
-    split = [[c.strip() for c in line.strip("|").split("|")] for line in lines]
-    return split[0], split[2:]
 
 
 @pytest.mark.usefixtures("prefect_api")

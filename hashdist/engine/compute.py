@@ -102,9 +102,10 @@ def count_codes(plan: Plan, blocks, parts: range, ds: Dataset | None = None, spi
             words = ds.codes("database", d0, d1)
             if parts.start == 0:
                 result.bit_ones = result.bit_ones + bit_ones_block(words, plan.nbits)
-                if spill is not None:
-                    spill_rows(spill, plan, words, d0)
-            mine = rows_in_parts(words, plan.code_parts, parts.start, parts.stop)
+            if spill is not None:  # the first pass: it sets the later passes' rows aside and keeps its own
+                mine = spill_rows(spill, plan, words, d0)
+            else:
+                mine = rows_in_parts(words, plan.code_parts, parts.start, parts.stop)
         codes, counts = code_counts(mine)
         by_part = split_by_code_hash(codes, counts, plan.code_parts)[parts.start : parts.stop]
         for p, piece in zip(parts, by_part, strict=True):

@@ -43,8 +43,9 @@ def _no_room(exc: OSError, directory: str):
                         "written; point TMPDIR at a file system with room (8 bytes per database item and code word)")
 
 
-def spill_rows(directory: str, plan: Plan, words: np.ndarray, d0: int) -> None:
-    """Write the code rows of database block ``d0`` that later passes count, a file per pass."""
+def spill_rows(directory: str, plan: Plan, words: np.ndarray, d0: int) -> np.ndarray:
+    """Write the code rows of database block ``d0`` that later passes count, a file per pass; return the first
+    pass's rows (each row's part hashed once for all passes)."""
     passes = code_parts_of(words, plan.code_parts) // plan.parts_per_pass
     order = np.argsort(passes, kind="stable")
     bounds = np.searchsorted(passes[order], np.arange(len(code_passes(plan)) + 1))
@@ -55,6 +56,7 @@ def spill_rows(directory: str, plan: Plan, words: np.ndarray, d0: int) -> None:
             if exc.errno in NO_ROOM:
                 raise _no_room(exc, directory) from None
             raise
+    return words[order[bounds[0] : bounds[1]]]
 
 
 def take_rows(directory: str, plan: Plan, parts: range, d0: int) -> np.ndarray:

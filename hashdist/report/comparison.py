@@ -40,7 +40,7 @@ from hashdist.report.render import (
     page,
     text_table,
 )
-from hashdist.report.tasks import TASK_ARROW, task_label
+from hashdist.report.tasks import PRINTED_ARROW, task_label
 
 COMPARISON_MARKER = "hashdist-comparison"
 
@@ -397,10 +397,10 @@ def render_tasks_html(comparison: dict, images: dict[str, dict[str, str]]) -> st
     labels = ", ".join(map(task_label, order))
     contents = "".join(f"<li><a href='#task-{i}'>{html.escape(task_label(task))}</a></li>"
                        for i, task in enumerate(order))
-    intro = (f"<p>Datasets with modalities, compared per task ({html.escape(labels)}): a task a{TASK_ARROW}b ranks the "
-             "database's b codes against the queries' a codes, and each task is compared on the methods' views of "
-             "that task exactly as datasets without modalities are (docs/cross-modal.md). The queries' ground truth "
-             f"is the same for every task and method.</p><ul>{contents}</ul>")
+    intro = (f"<p>Datasets with modalities, compared per task ({html.escape(labels)}): a task a{PRINTED_ARROW}b "
+             "ranks the database's b codes against the queries' a codes, and each task is compared on the methods' "
+             "views of that task exactly as datasets without modalities are (docs/cross-modal.md). The queries' ground "
+             f"truth is the same for every task and method.</p><ul>{contents}</ul>")
     sections = "".join(f"<h2 id='task-{i}'>{html.escape(task_label(task))}</h2>"
                        + _sections(comparison["tasks"][task], images[task], "h3", f"task{i}-")
                        for i, task in enumerate(order))
@@ -641,7 +641,7 @@ def _latex_escape(text: str) -> str:
 def _latex_text(text: str) -> str:
     """Text escaped for LaTeX, with ±, † and → as math."""
     return (_latex_escape(text).replace("\u00b1", r"$\pm$").replace("\u2020", r"$^\dagger$")
-            .replace(TASK_ARROW, r"$\to$"))
+            .replace(PRINTED_ARROW, r"$\to$"))
 
 
 def latex_table(comparison: dict) -> str:

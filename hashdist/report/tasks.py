@@ -38,12 +38,12 @@ from hashdist.report.render import (
 )
 
 RUN_KEYS = ("format", "parameters", "provenance", "timing", "engine", "throughput", "outputs")
-TASK_ARROW = "→"  # how the tables and the page print a task
+PRINTED_ARROW = "→"  # how the tables and the page print a task
 
 
 def task_label(task: str) -> str:
     """``image->text`` as papers print it: ``image→text``."""
-    return task.replace("->", TASK_ARROW)
+    return task.replace("->", PRINTED_ARROW)
 
 
 def combine_tasks(evaluations: dict[str, Evaluation], timing: dict, wall: float, engine: dict) -> Evaluation:
@@ -102,25 +102,26 @@ def format_tasks_table(report: dict) -> str:
     return "\n\n".join(parts)
 
 
-def _curves(plt, report, key: str, x: str, y: str, label):
+def _curves(plt, report, key: str):
+    """Each task's precision-recall curve ``metrics[key]`` in one plot."""
     fig, ax = plt.subplots(figsize=(5, 4))
     for task, sub in report["tasks"].items():
         curve = sub["metrics"][key]
-        ax.plot([label(p, x) for p in curve], [label(p, y) for p in curve], marker="o", ms=3, clip_on=False,
+        ax.plot([p["recall"] for p in curve], [p["precision"] for p in curve], marker="o", ms=3, clip_on=False,
                 label=task_label(task))
     ax.legend(fontsize=8)
     return fig, ax
 
 
 def _pr_both(plt, report, per_query, bucket_sizes):
-    fig, ax = _curves(plt, report, "pr_curve", "recall", "precision", lambda p, f: p[f])
+    fig, ax = _curves(plt, report, "pr_curve")
     ax.set(xlabel="recall (micro)", ylabel="precision (micro)", title="PR curves over Hamming radii, per task",
            xlim=(0, 1.05), ylim=(0, 1.05))
     return fig
 
 
 def _pr_by_rank_both(plt, report, per_query, bucket_sizes):
-    fig, ax = _curves(plt, report, "pr_curve_by_rank", "recall", "precision", lambda p, f: p[f])
+    fig, ax = _curves(plt, report, "pr_curve_by_rank")
     ax.set(xlabel="recall R@N (macro, expected)", ylabel="precision P@N (macro, expected)",
            title="PR curves by rank, per task", xlim=(0, 1.05), ylim=(0, 1.05))
     return fig

@@ -138,14 +138,17 @@ def _totals(pq: dict[str, np.ndarray], evaluated: np.ndarray, params: MetricPara
             "empty": (retrieved == 0).sum(axis=0), "hashtable": hashtable, "bin_edges": params.bin_edges}
 
 
-def aggregate(pq: dict[str, np.ndarray], params: MetricParams) -> tuple[dict, dict]:
-    """The report's ``metrics`` and ``queries`` sections from concatenated per-query values."""
+def aggregate(pq: dict[str, np.ndarray], params: MetricParams, measures=MEASURES) -> tuple[dict, dict]:
+    """The report's ``metrics`` and ``queries`` sections from concatenated per-query values; ``measures``: which
+    of the registry's measures (those ``per_query_metrics`` was given)."""
     R = pq["relevant"]
     counted_as_zero = (R == 0) & (params.empty_queries == "zero")
     evaluated = (R > 0) | counted_as_zero
     # AUC needs a relevant and an irrelevant item: 0 < R < Nall, whatever --empty-queries says
-    masks = {"evaluated": evaluated, "with_irrelevant": (R > 0) & (pq["items"] > R)}
-    totals = _totals(pq, evaluated, params)
+    masks = {"evaluated": evaluated}
+    if "items" in pq:  # served lists (hashdist.served) have no AUC and no item count of their own
+        masks["with_irrelevant"] = (R > 0) & (pq["items"] > R)
+    totals = _totals(pq, evaluated, params) if any(m.from_totals for m in measures) else None
 
     def value_of(measure, value, variant):
         if measure.from_totals is not None:
@@ -165,7 +168,7 @@ def aggregate(pq: dict[str, np.ndarray], params: MetricParams) -> tuple[dict, di
         return {variant: value_of(measure, value, variant) for variant in measure.variants}
 
     metrics: dict = {}
-    for measure in MEASURES:
+    for measure in measures:
         if measure.from_metrics is not None:
             metrics[measure.key] = measure.from_metrics(metrics)
         elif measure.parameter is None:

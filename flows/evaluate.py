@@ -159,7 +159,7 @@ class DaskExecutor:
 
 
 def reduce_on_cluster(client, plan, params, picks: list[SharePicks], threads: int, first_counts: list,
-                      spill: str | None = None) -> RunResult:
+                      spill: str | None = None, served=()) -> RunResult:
     """:func:`hashdist.engine.reduction.reduce_blocks` on the workers, over the shares' picks and the code counts
     (``first_counts``: the first pass's, submitted with the histogram tasks; later passes as plain Dask tasks,
     reading the rows the first set aside in ``spill`` when there is one).
@@ -178,7 +178,7 @@ def reduce_on_cluster(client, plan, params, picks: list[SharePicks], threads: in
         return [client.submit(count_codes, plan, group, parts, None, spill) for group in count_shares(plan, threads)]
 
     return reduce_blocks(DaskExecutor(client), plan, params, item_parts, [share.tallies for share in picks],
-                         count_pass)
+                         count_pass, served=served)
 
 
 @flow(name="evaluate", persist_result=False, log_prints=True, task_runner=task_runner())
@@ -287,7 +287,8 @@ def _reduce(client, one: _Submitted, threads: int):
     """A run's reduction on the workers, once its shares are in: (RunResult, plan, time it started)."""
     first_counts, one.first_counts = one.first_counts, []  # referenced by the reduction alone, until counted
     t_reduce = time.time()
-    result = reduce_on_cluster(client, one.plan, one.run.params, one.picks, threads, first_counts, one.spill)
+    result = reduce_on_cluster(client, one.plan, one.run.params, one.picks, threads, first_counts, one.spill,
+                               one.run.served)
     one.picks = []
     return result, one.plan, t_reduce
 

@@ -81,7 +81,8 @@ def evaluate_prepared(run: PreparedRun, cache, threads: int | None, progress: bo
                 pairs[0] += block.pairs
                 advance(bar, 1, pairs[0], t0)
 
-        result = run_local(plan, run.params, resolve_cache(cache), threads=threads, progress=block_done)
+        result = run_local(plan, run.params, resolve_cache(cache), threads=threads, progress=block_done,
+                           served=run.served)
     timing = {"startup_s": 0.0, **result.timing, "write_s": 0.0, "wall_s": time.time() - t0}
     engine = {"kind": "local-threads", "threads": threads, "code_parts": plan.code_parts}
     report = build_report(run.ds, plan, run.parameters, result, timing, engine)

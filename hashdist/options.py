@@ -43,6 +43,9 @@ from hashdist.errors import InputError, check_integer, check_number, is_integer,
 from hashdist.kernels.distance import KINDS, DistanceAxis, asymmetric_axis, check_bins, check_weights, weighted_axis
 from hashdist.metrics.conventions import BY_NAME, CONVENTIONS
 from hashdist.metrics.summary import EMPTY_QUERY_RULES, MetricParams
+from hashdist.served.engine import served_entries
+from hashdist.served.lists import check_width, parse_served, read_served, split_key
+from hashdist.served.measures import ORDERS
 
 _NUMBER = (int, float, np.integer, np.floating)
 _HASHTABLE = re.compile(r"^\s*(\d+)\s*[xX]\s*(\d+)\s*$")
@@ -104,6 +107,15 @@ class EvaluateOptions:
         "a dataset with modalities: the task QUERY->DATABASE to evaluate (repeatable), e.g. image->text or "
         "image->image; default: every cross task (image->text and text->image)", flag="--task", action="append",
         metavar="A->B"))
+    served: Any = field(default=None, metadata=option(
+        "a deployed index's served lists, evaluated against the exhaustive ranking (repeatable): NAME=PATH, PATH a "
+        ".npz (I, D; a radius lookup: lims, I, D, radius, the inclusive Hamming radius), .npy (I), ann-benchmarks "
+        "HDF5, a TREC run or big-ann-benchmarks binary; PATH:1based for 1-based ids; A->B:NAME=PATH for a task of a "
+        "dataset with modalities (from Python also arrays: I, (I, D) or a dict; docs/served.md)", flag="--served",
+        action="append", metavar="NAME=PATH"))
+    served_order: Literal["distance", "as-served"] = field(default="distance", metadata=option(
+        "how served entries are ranked: by their recomputed distance, entries tied at one distance giving the "
+        "interval (default), or as-served: in the index's order (one value)"))
     query_block_rows: int | None = field(default=None, metadata=option(
         f"queries per block (default {DEFAULT_QUERY_BLOCK_ROWS}; rounded up to whole chunks)"))
     db_block_rows: int | None = field(default=None, metadata=option(
@@ -126,6 +138,7 @@ class EvaluateOptions:
         if len(set(tasks)) < len(tasks):
             raise InputError(f"--task: {sorted(t for t in tasks if tasks.count(t) > 1)[0]} is given twice")
         set_(self, "tasks", tasks)
+        set_(self, "served", parse_served(self.served))
         self._check_choices()
         self._check_numbers()
 
@@ -140,6 +153,8 @@ class EvaluateOptions:
                                  f"with every normaliser); the others: {', '.join(BY_NAME)}")
             if name not in BY_NAME:
                 raise InputError(f"--convention {name!r}: unknown convention (known: {', '.join(BY_NAME)})")
+        if self.served_order not in ORDERS:
+            raise InputError(f"--served-order must be one of {', '.join(ORDERS)}, got {self.served_order!r}")
         if self.protocol is not None:
             get_protocol(self.protocol)
         for spec in self.hashtable:
@@ -168,7 +183,13 @@ class EvaluateOptions:
         ds = open_dataset(dataset, self.tasks[0] if self.tasks else None)
         if not ds.modalities:
             return (self.resolve(ds),)
-        return tuple(self.resolve(ds.for_task(task)) for task in self.tasks or ds.tasks)
+        tasks = self.tasks or ds.tasks
+        for key in self.served:
+            task = split_key(key)[0]
+            if task is not None and task not in tasks:
+                raise InputError(f"--served {key}: the run evaluates {', '.join(tasks)}, not {task} (add --task "
+                                 f"{task})")
+        return tuple(self.resolve(ds.for_task(task)) for task in tasks)
 
     def resolve(self, dataset) -> PreparedRun:
         """Open the dataset (a path, or a :class:`Dataset` already open: a task's view), check the options against
@@ -194,7 +215,29 @@ class EvaluateOptions:
         plan = make_plan(ds, relevance=self.relevance, max_radius=params.max_radius,
                          query_block_rows=self.query_block_rows, db_block_rows=self.db_block_rows,
                          hashtables=hashtables, distance=axis, code_parts=self.code_parts)
-        return PreparedRun(ds, params, plan, self._parameters(params, plan, axis))
+        served = self._served(ds, plan, params)
+        return PreparedRun(ds, params, plan, self._parameters(params, plan, axis), served)
+
+    def _served(self, ds: Dataset, plan: Plan, params: MetricParams) -> tuple:
+        """The served runs of this dataset (or task): read, checked against the dataset, their entries' distances
+        and grades recomputed (hashdist.served.engine)."""
+        runs = []
+        for key, source in self.served.items():
+            task, name = split_key(key)
+            if ds.modalities and task is None:
+                raise InputError(f"--served {name}: {ds.url} has modalities; name the task the lists answer, e.g. "
+                                 f"--served '{ds.tasks[0]}:{name}=PATH'")
+            if not ds.modalities and task is not None:
+                raise InputError(f"--served {key}: a task, but {ds.url} has no modalities (give NAME=PATH)")
+            if task is not None and task != plan.task:
+                continue
+            if params.distance != "hamming":
+                raise InputError(f"--served {name}: served lists are evaluated against the Hamming ranking, not "
+                                 f"--distance {params.distance}")
+            run = read_served(key, source, ds.n_queries, ds.n_database, ds.nbits)
+            check_width(run, params.ks)
+            runs.append(served_entries(ds, plan, run, self.served_order))
+        return tuple(runs)
 
     def _parameters(self, params: MetricParams, plan: Plan, axis: DistanceAxis | None) -> dict:
         """The run's parameters as the report records them."""
@@ -208,6 +251,9 @@ class EvaluateOptions:
             "bit_weights": None if weights is None else str(weights) if isinstance(weights, (str, os.PathLike))
             else "array",
             "distance_bins": None if axis is None else axis.bins,
+            "served": {key: source if isinstance(source, str) else str(source) if isinstance(source, os.PathLike)
+                       else "arrays" for key, source in self.served.items()},
+            "served_order": self.served_order,
             **({"task": plan.task} if plan.task else {}),
         }
 
@@ -243,6 +289,7 @@ class PreparedRun(NamedTuple):
     params: MetricParams
     plan: Plan
     parameters: dict
+    served: tuple = ()  # hashdist.served.measures.ServedEntries, one per served run
 
 
 def _check_against(params: MetricParams, nbits: int) -> None:

@@ -27,7 +27,9 @@ from hashdist.engine.plan import Plan, code_passes, for_threads, metric_items, w
 from hashdist.engine.spill import spill_directory
 from hashdist.kernels.codecounts import ball_lookup_table, max_bucket_within, merge_code_counts
 from hashdist.kernels.codeusage import bucket_sizes, code_usage, merge_bucket_sizes
+from hashdist.metrics.conventions import conventions_report
 from hashdist.metrics.summary import MetricParams, aggregate, concat_per_query, per_query_metrics
+from hashdist.served.measures import served_section, served_values
 
 
 def item_sums(sums: dict[str, np.ndarray], q0: int, start: int, stop: int) -> dict[str, np.ndarray]:
@@ -80,10 +82,13 @@ def part_max_buckets(plan: Plan, part: CodePart, start: int, stop: int, shells: 
     return part.max_buckets((ds or open_dataset(plan.url, plan.task)).codes("queries", start, stop), shells)
 
 
-def item_metrics(params: MetricParams, sums: dict[str, np.ndarray], M: np.ndarray) -> dict[str, np.ndarray]:
-    """Every per-query value of one metric item from its summed partial results and M_k."""
+def item_metrics(params: MetricParams, sums: dict[str, np.ndarray], M: np.ndarray, served=()) -> dict[str, np.ndarray]:
+    """Every per-query value of one metric item from its summed partial results and M_k; and of each served run
+    (``served``: its entries for these queries, hashdist.served.measures), beside the exhaustive histogram."""
     per_query = per_query_metrics(sums["H"], M, params, sums.get("H_hamming"))
     per_query.update({key: value for key, value in sums.items() if key.startswith("hashtable_")})
+    for entries in served:
+        per_query.update(served_values(sums["H"], entries, params))
     return per_query
 
 
@@ -98,13 +103,18 @@ class RunResult:
     code_usage: dict
     blocks: dict  # {total, computed, cached, collapsed, distinct_fraction}
     timing: dict = field(default_factory=dict)
+    served: dict = field(default_factory=dict)  # report["served"]: a section per served run (hashdist.served)
 
 
-def assemble(plan: Plan, params: MetricParams, item_values, part_sizes, bit_ones, tallies: dict) -> RunResult:
+def assemble(plan: Plan, params: MetricParams, item_values, part_sizes, bit_ones, tallies: dict,
+             served=()) -> RunResult:
     """The RunResult from every metric item's per-query values (in plan order), each code part's bucket sizes,
-    the per-bit set counts and the blocks' tallies: the report's means, the code usage and the block counts."""
+    the per-bit set counts and the blocks' tallies: the report's means, the code usage and the block counts; and
+    a section per served run (``served``: their entries)."""
     per_query = concat_per_query(list(item_values))
     metrics, queries = aggregate(per_query, params)
+    exhaustive_conventions = conventions_report(per_query, params.conventions, params.ks) if served else {}
+    sections = {e.name: served_section(per_query, e, params, metrics, exhaustive_conventions) for e in served}
     sizes = merge_bucket_sizes(part_sizes)
     usage = code_usage(sizes, bit_ones, int((sizes[:, 0] * sizes[:, 1]).sum()), plan.nbits)
     # distinct (code, label) rows per database row over the blocks that recorded it (exact where collapsed,
@@ -113,7 +123,7 @@ def assemble(plan: Plan, params: MetricParams, item_values, part_sizes, bit_ones
     blocks = {"total": len(plan.histogram_blocks), "computed": tallies["computed"], "cached": tallies["cached"],
               "collapsed": tallies["collapsed"], "distinct_fraction": fraction,
               "computed_pairs": tallies["computed_pairs"]}
-    return RunResult(metrics, queries, per_query, sizes, usage, blocks)
+    return RunResult(metrics, queries, per_query, sizes, usage, blocks, served=sections)
 
 
 def pieces_of(counted: CodePieces, part: int) -> list:
@@ -138,13 +148,14 @@ def tree(executor, combine, handles: list):
 
 
 def reduce_blocks(executor, plan: Plan, params: MetricParams, item_parts: list[list], tallies: list, count_pass,
-                  ds: Dataset | None = None) -> RunResult:
+                  ds: Dataset | None = None, served=()) -> RunResult:
     """The RunResult from each metric item's partial sums (``item_parts[i]``: handles of dicts of arrays) and the
     shares' tallies, one pass of code parts at a time. ``count_pass(parts)`` gives the handles of one pass's
     CodePieces (one per group of database blocks), and keeps no reference to them. ``executor``:
     ``submit(function, *args)`` returning a handle (arguments may be handles, or lists of them),
     ``wait(handles)`` and ``gather(nested handles)``. ``plan`` comes from
-    :func:`hashdist.engine.plan.for_threads`. Records reduce_s (sums, code parts, M_k) and metrics_s.
+    :func:`hashdist.engine.plan.for_threads`. ``served``: the served runs' entries (hashdist.served.measures), each
+    metric item's rows going with its step. Records reduce_s (sums, code parts, M_k) and metrics_s.
     """
     t0 = time.perf_counter()
     items = metric_items(plan)
@@ -165,10 +176,11 @@ def reduce_blocks(executor, plan: Plan, params: MetricParams, item_parts: list[l
     M = [tree(executor, np.maximum, fs) for fs in found]
     t1 = time.perf_counter()
     precompile.join()  # a first run: the measures compile on two cores
-    values = [executor.submit(item_metrics, params, s, m) for s, m in zip(sums, M, strict=True)]
+    values = [executor.submit(item_metrics, params, s, m, [e.rows(start, stop) for e in served])
+              for s, m, (_, start, stop) in zip(sums, M, items, strict=True)]
     values, sizes, bit_ones, tallies = executor.gather([values, sizes, bit_ones, tallies])
     totals = {key: sum(t[key] for t in tallies) for key in TALLIES}
-    result = assemble(plan, params, values, sizes, sum(bit_ones), totals)
+    result = assemble(plan, params, values, sizes, sum(bit_ones), totals, served)
     result.timing = {"reduce_s": t1 - t0, "metrics_s": time.perf_counter() - t1}
     return result
 
@@ -201,10 +213,11 @@ class ThreadExecutor:
         return [self.gather(v) for v in nested] if isinstance(nested, list) else _resolved(nested)
 
 
-def run_local(plan: Plan, params: MetricParams, cache: BlockCache, *, threads: int, progress=None) -> RunResult:
+def run_local(plan: Plan, params: MetricParams, cache: BlockCache, *, threads: int, progress=None,
+              served=()) -> RunResult:
     """Run every block of the plan with ``threads`` threads in this process; returns a RunResult.
 
-    ``progress(block, cached)`` is called after each histogram block.
+    ``progress(block, cached)`` is called after each histogram block; ``served``: the served runs' entries.
     """
     t0 = time.perf_counter()
     precompile.start()
@@ -214,12 +227,12 @@ def run_local(plan: Plan, params: MetricParams, cache: BlockCache, *, threads: i
             Partials.merge, pool.map(lambda run: run_blocks(plan, run, cache, progress), work_shares(plan, threads)),
             Partials())
         t1 = time.perf_counter()
-        result = reduce_partials(ThreadExecutor(pool), plan, params, partials)
+        result = reduce_partials(ThreadExecutor(pool), plan, params, partials, served)
     result.timing = {"compute_s": t1 - t0, **result.timing}
     return result
 
 
-def reduce_partials(executor, plan: Plan, params: MetricParams, partials: Partials) -> RunResult:
+def reduce_partials(executor, plan: Plan, params: MetricParams, partials: Partials, served=()) -> RunResult:
     """:func:`reduce_blocks` over one process's merged Partials, the code counted per database block, the later
     passes' rows set aside in a spill directory by the first (:mod:`hashdist.engine.spill`)."""
     ds = open_dataset(plan.url, plan.task)
@@ -229,4 +242,4 @@ def reduce_partials(executor, plan: Plan, params: MetricParams, partials: Partia
         def count_pass(parts):
             return [executor.submit(count_codes, plan, [block], parts, ds, spill) for block in plan.count_blocks]
 
-        return reduce_blocks(executor, plan, params, item_parts, [partials.tallies], count_pass, ds)
+        return reduce_blocks(executor, plan, params, item_parts, [partials.tallies], count_pass, ds, served)

@@ -42,6 +42,7 @@ def build_report(ds: Dataset, plan: Plan, parameters: dict, result: RunResult, t
         "timing": timing,
         "throughput": {"pairs": plan.pairs, "pairs_per_s": plan.pairs / wall if wall else None},
         "engine": engine,
+        **({"served": result.served} if result.served else {}),
     }
 
 

@@ -56,7 +56,7 @@ def served_entries(ds: Dataset, plan: Plan, run: ServedList, order: str) -> Serv
         wrong = np.zeros(flat.size, dtype=bool)
         wrong[valid] = given != distance
         recomputed = dict(zip(valid.tolist(), distance.tolist(), strict=True)) if wrong.any() else {}
-        _refuse(run, wrong, "carry a distance that disagrees with the codes",
+        _refuse(run, wrong, "a served distance that disagrees with the codes",
                 lambda i: f"served {run.distances.reshape(-1)[i]:g}, recomputed {recomputed[i]}",
                 "; normalised distances (a fraction of B) or 1-based ids (NAME=PATH:1based)? hashdist recomputes "
                 "every distance from the codes")
@@ -77,7 +77,7 @@ def _range_entries(run: ServedList, queries: np.ndarray, distance: np.ndarray, o
     if run.distances is not None:
         beyond = np.zeros(run.ids.size, dtype=bool)
         beyond[distance > run.radius] = True
-        _refuse(run, beyond, f"lie beyond the radius r = {run.radius}",
+        _refuse(run, beyond, f"a distance beyond the radius r = {run.radius}",
                 lambda i: f"distance {distance[i]}",
                 "; radius is the inclusive Hamming radius: faiss's range_search(x, radius) keeps d < radius, so "
                 "store r = radius - 1")

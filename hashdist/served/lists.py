@@ -164,7 +164,7 @@ def _read_hdf5(path: Path, label: str, nbits: int) -> dict:
             normalised = np.asarray(f["distances"], dtype=np.float64)
             scaled = normalised * nbits
             finite = np.isfinite(scaled)
-            off = finite & (np.abs(scaled - np.round(scaled)) > 1e-3)
+            off = finite & (np.abs(np.where(finite, scaled, 0) - np.round(np.where(finite, scaled, 0))) > 1e-3)
             if off.any():
                 q, p = np.argwhere(off)[0]
                 raise InputError(f"{label}: {int(off.sum())} distances are not multiples of 1/B = 1/{nbits}, first "
@@ -233,7 +233,7 @@ def _read_path(text: str, label: str, n_queries: int, nbits: int) -> dict:
         found = _read_bigann(path, path.stat().st_size) or _read_trec(path, label, n_queries)
     except InputError:
         raise
-    except (ValueError, OSError, EOFError) as exc:
+    except Exception as exc:  # numpy, zipfile and h5py raise errors of several types for a damaged file
         raise InputError(f"{label}: unreadable ({type(exc).__name__}: {exc})") from None
     if found is None:
         raise InputError(f"{label}: unknown format; served lists come as .npz (I, D; or lims, I, D, radius), .npy, "
@@ -320,7 +320,7 @@ def _refuse(run: ServedList, mask: np.ndarray, what: str, detail=None, hint: str
     q, p = run.position_of(first)
     shown = f" ({detail(first)})" if detail else ""
     entries = "entry" if count == 1 else "entries"
-    raise InputError(f"{run.label}: {count} {entries} {what}, first at query {q} position {p}{shown}{hint}")
+    raise InputError(f"{run.label}: {what} in {count} {entries}, first at query {q} position {p}{shown}{hint}")
 
 
 def _one_based_hint(run: ServedList, ids: np.ndarray, n_database: int) -> str:
@@ -345,18 +345,18 @@ def check_served(run: ServedList, n_queries: int, n_database: int) -> None:
     shown = ids + 1 if run.one_based else ids
     base = "1.." + str(n_database) if run.one_based else "0.." + str(n_database - 1)
     bad = (ids < -1) | (ids >= n_database)
-    _refuse(run, bad, f"have ids out of range {base} (-1: padding)",
+    _refuse(run, bad, f"ids out of range {base} (-1: padding)",
             lambda i: f"id {0 if ids.reshape(-1)[i] == -2 else shown.reshape(-1)[i]}",
             _one_based_hint(run, ids, n_database))
     if run.is_range:
-        _refuse(run, ids == -1, "are -1: a radius lookup's sets hold no padding")
+        _refuse(run, ids == -1, "-1 (a radius lookup's sets hold no padding)")
         query = run.query_of_entries()
         order = np.lexsort((ids, query))
     else:
         valid = ids >= 0
         later = np.zeros_like(valid)
         later[:, :-1] = np.logical_or.accumulate(valid[:, ::-1], axis=1)[:, ::-1][:, 1:]
-        _refuse(run, ~valid & later, "are -1 padding before a valid id (padding is a trailing run only)")
+        _refuse(run, ~valid & later, "-1 padding before a valid id (padding is a trailing run only)")
         query = run.query_of_entries().reshape(-1)
         order = np.lexsort((np.arange(ids.size), ids.reshape(-1), query))  # served order within equal ids
     flat_ids = ids.reshape(-1)
@@ -364,7 +364,7 @@ def check_served(run: ServedList, n_queries: int, n_database: int) -> None:
     same = (flat_ids[order][1:] == flat_ids[order][:-1]) & (query.reshape(-1)[order][1:] ==
                                                              query.reshape(-1)[order][:-1])
     twice[order[1:][same & (flat_ids[order][1:] >= 0)]] = True
-    _refuse(run, twice, "repeat an id already served to the query (a list holds each item once)",
+    _refuse(run, twice, "an id served twice to one query (a list holds each item once)",
             lambda i: f"id {shown.reshape(-1)[i]}")
 
 

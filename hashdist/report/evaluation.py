@@ -33,6 +33,7 @@ from hashdist.report.render import (
     page,
     text_table,
 )
+from hashdist.served import report as served_report
 
 __all__ = ["format_table", "render_html", "tables", "write_outputs"]
 
@@ -160,7 +161,7 @@ def tables(report: dict) -> list[tuple[str, list[str], list[list[str]]]]:
         rows = [[value] + [fmt(m[x.key][value][f]) for x in measures for f in x.fields]
                 + [fmt(m[x.key][value]) for x in measures if not x.fields] for value in values]
         out.append((caption, header, rows))
-    return out + convention_tables(report)
+    return out + convention_tables(report) + served_report.served_tables(report)
 
 
 def convention_tables(report: dict) -> list[tuple[str, list[str], list[list[str]]]]:
@@ -334,6 +335,7 @@ FIGURES = {
                                "draws it."),
     "ap_distribution": Figure(_ap_distribution, "Distribution of per-query average precision over the full Hamming "
                               "ranking, expected over all orders of items tied at one distance."),
+    "served": served_report.FIGURE,
     "code_usage": Figure(_code_usage, "How the database fills the code space: items per distinct code, most used "
                          "code first (log-log). A steep head means many items collapsed onto few codes (the mLGAP "
                          "paper's Fig. 1)."),
@@ -434,7 +436,7 @@ def _write_arrays(group, per_query: dict) -> None:
     for key, values in per_query.items():
         if isinstance(values, dict):
             _write_arrays(group.create_group(key), values)
-        elif key.startswith(PER_QUERY_KEYS):
+        elif key.startswith(PER_QUERY_KEYS) or served_report.stored(key):
             group.create_array(key.replace("/", "."), data=np.asarray(values))
 
 

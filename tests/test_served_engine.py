@@ -1,0 +1,85 @@
+"""Served runs through both engines and into the outputs: bit-identical sections whatever the engine, block sizes
+and thread count; a cached rerun takes the exhaustive blocks from the cache; the terminal table, report.json,
+per_query.zarr and report.html hold them."""
+
+import json
+
+import numpy as np
+import pytest
+
+from hashdist.api import evaluate_local
+from hashdist.cli import main
+from hashdist.data.dataset import open_dataset
+
+
+@pytest.fixture(scope="module")
+def served_files(class_dataset, tmp_path_factory):
+    """Two k-NN runs (a stable argsort's top 20; a degraded one: every third list shifted by a few ranks) and a
+    radius lookup of the class dataset (70 queries x 3000 items, 12 bits)."""
+    directory = tmp_path_factory.mktemp("runs")
+    ds = open_dataset(class_dataset)
+    q, db = ds.codes("queries", 0, ds.n_queries), ds.codes("database", 0, ds.n_database)
+    dist = np.bitwise_count(q[:, None, :] ^ db[None]).sum(axis=2)
+    ranked = np.argsort(dist, axis=1, kind="stable")
+    exact, rough = ranked[:, :20], ranked[:, :20].copy()
+    rough[::3] = ranked[::3, 5:25]
+    np.savez(directory / "exact.npz", I=exact, D=np.take_along_axis(dist, exact, axis=1),
+             time_per_query_s=np.float64(4e-4))
+    np.savez(directory / "rough.npz", I=rough, time_per_query_s=np.float64(1e-4))
+    lims = np.concatenate([[0], np.cumsum((dist <= 2).sum(axis=1))])
+    np.savez(directory / "ball.npz", lims=lims, I=np.concatenate([np.flatnonzero(row <= 2) for row in dist]),
+             radius=np.int64(2))
+    return {name: str(directory / f"{name}.npz") for name in ("exact", "rough", "ball")}
+
+
+def _served(evaluation):
+    return json.dumps(evaluation.report["served"], sort_keys=True)
+
+
+def test_both_engines_give_the_same_sections(class_dataset, served_files, tmp_path, prefect_api):
+    from flows.evaluate import run_evaluation
+
+    options = dict(k=(5, 20), served=served_files, conventions=("trec", "hashnet"))
+    local = evaluate_local(class_dataset, cache=False, threads=1, **options)
+    assert set(local.report["served"]) == {"exact", "rough", "ball"}
+    for threads, rows in ((3, {}), (2, {"query_block_rows": 16, "db_block_rows": 500})):
+        assert _served(evaluate_local(class_dataset, cache=False, threads=threads, **options, **rows)) == \
+            _served(local)
+    flow = run_evaluation(class_dataset, cache=tmp_path / "cache", query_block_rows=16, db_block_rows=500,
+                          threads=2, **options)
+    assert _served(flow) == _served(local)
+    rerun = run_evaluation(class_dataset, cache=tmp_path / "cache", query_block_rows=16, db_block_rows=500,
+                           threads=2, **options)
+    assert rerun.report["blocks"]["computed"] == 0 and _served(rerun) == _served(local)
+    exact = local.report["served"]["exact"]
+    assert exact["neighbours"]["exact_at_k"]["20"] == 1 and exact["time_per_query_s"] == 4e-4
+    assert set(exact["conventions"]) == {"trec", "hashnet"}
+    rough = local.report["served"]["rough"]["neighbours"]["recall_at_k"]["20"]
+    assert rough["worst"] <= rough["expected"] <= rough["best"] < 1
+    assert local.report["served"]["ball"]["range"]["recall"] == 1
+
+
+def test_the_outputs_show_the_served_runs(class_dataset, served_files, tmp_path, capsys):
+    import zarr
+
+    out = tmp_path / "report"
+    argv = ["evaluate", class_dataset, "--out", str(out), "--engine", "local", "--no-cache", "--quiet", "--k", "10"]
+    for name, path in served_files.items():
+        argv += ["--served", f"{name}={path}"]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "Served lists against the exhaustive ranking" in printed and "Served radius lookups" in printed
+    row = next(line for line in printed.splitlines() if line.startswith("rough "))
+    report = json.loads((out / "report.json").read_text())
+    recall = report["served"]["rough"]["neighbours"]["recall_at_k"]["10"]
+    assert f"{recall['expected']:.4f} [{recall['worst']:.4f}, {recall['best']:.4f}]" in row and "0.1 ms" in row
+    assert report["parameters"]["served"] == served_files and report["parameters"]["served_order"] == "distance"
+    stored = zarr.open_group(str(out / "per_query.zarr"), mode="r")
+    names = set(stored.array_keys())
+    assert {"served.rough.neighbours.recall_at_k.10.expected", "served.rough.ap_at_k.10.retrieved.expected",
+            "served.ball.range.in_ball"} <= names
+    assert not any(n.startswith("served.rough.precision_at_k") for n in names)
+    per_query = np.asarray(stored["served.rough.neighbours.recall_at_k.10.expected"])
+    assert per_query.mean() == pytest.approx(recall["expected"], abs=1e-12)
+    page = (out / "report.html").read_text()
+    assert "Served lists against the exhaustive ranking" in page and "neighbour recall@K at the largest K" in page

@@ -211,3 +211,17 @@ def test_a_dataset_with_modalities_needs_the_task(tmp_path, capsys):
     report = hashdist.evaluate_codes(queries, codes, rng.integers(0, 2, 6), rng.integers(0, 2, 60), k=(5,),
                                      served={"image->text:ivf": ids})
     assert "ivf" in report["tasks"]["image->text"]["served"] and "served" not in report["tasks"]["text->image"]
+
+
+def test_explicit_graded_relevance_recomputed_per_pair():
+    """Explicit ground truth with grades: at K = Nall the served measures are the exhaustive ones."""
+    rng = np.random.default_rng(5)
+    q, db = rng.integers(0, 2, (15, 10)), rng.integers(0, 2, (120, 10))
+    lists = [np.sort(rng.choice(120, int(rng.integers(0, 12)), replace=False)) for _ in range(15)]
+    indptr = np.concatenate([[0], np.cumsum([len(x) for x in lists])])
+    grades = rng.integers(1, 4, indptr[-1])
+    ids = np.argsort((q[:, None, :] != db[None]).sum(axis=2), axis=1, kind="stable")
+    report = hashdist.evaluate_codes(q, db, relevant=(indptr, np.concatenate(lists), grades), k=(120,),
+                                     served={"all": ids})
+    for key, value in report["served"]["all"]["metrics"].items():
+        assert json.dumps(value, sort_keys=True) == json.dumps(report["metrics"][key], sort_keys=True), key

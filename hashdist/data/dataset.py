@@ -280,12 +280,13 @@ class Dataset:
     def codes(self, part: str, start: int, stop: int) -> np.ndarray:
         """Code rows [start, stop); a row with a bit set above ``nbits`` raises InputError (the dataset's
         ``nbits`` is narrower than its codes: every distance would drop those bits)."""
-        words = self.read(f"{part}/codes", start, stop)
+        name = f"{part}/codes"
+        words = self.read(name, start, stop)
         row = first_wide_row(words, self.nbits)
         if row is not None:
-            raise InputError(f"{self.url}: {part}/codes row {start + row} has bits set above nbits={self.nbits}: "
-                             f"the codes are wider than {self.url}/zarr.json says; ingest them again with their real "
-                             "--nbits")
+            raise InputError(f"{self.url}: {self._stored.get(name, name)} row {start + row} has bits set above "
+                             f"nbits={self.nbits}: the codes are wider than {self.url}/zarr.json says; ingest them "
+                             "again with their real --nbits")
         return words
 
     def labels(self, part: str, start: int, stop: int) -> np.ndarray:

@@ -27,35 +27,28 @@ ENTRY_SLACK = 1 << 16  # bytes of a cache entry beyond its int64 arrays (zip and
 
 
 def _query_rows(plan: Plan, block: Block, ds: Dataset, memo: dict):
-    """(codes, relevance, scores or None, content digest) of the block's queries; a share reads each query block
-    once (kept in ``memo``)."""
+    """(codes, relevance, scores or None) of the block's queries; a share reads each query block once (kept in
+    ``memo``)."""
     rows = (block.q0, block.q1)
     if memo.get("queries", (None,))[0] != rows:
         qc = ds.codes("queries", *rows)
         qrel = ds.relevant(*rows) if plan.relevance == "explicit" else ds.labels("queries", *rows)
         asymmetric = plan.distance is not None and plan.distance.kind == "asymmetric"
         scores = ds.read("queries/scores", *rows) if asymmetric else None
-        memo["queries"] = rows, qc, qrel, scores, content_digest(qc, qrel, scores)
+        memo["queries"] = rows, qc, qrel, scores
     return memo["queries"][1:]
 
 
 def _database_rows(plan: Plan, block: Block, ds: Dataset, memo: dict):
-    """(codes, labels or None) of the block's database rows, read now unless they are the share's last ones read;
-    their content digest is kept in ``memo`` (see :func:`_database_digest`)."""
+    """(codes, labels or None) of the block's database rows, read now unless they are the share's last ones read
+    (kept in ``memo``, where rows read anew drop the digest of the earlier read: see :func:`_content_key`)."""
     rows = (block.d0, block.d1)
     if memo.get("database", (None,))[0] != rows:
         dc = ds.codes("database", *rows)
         drel = None if plan.relevance == "explicit" else ds.labels("database", *rows)
         memo["database"] = rows, dc, drel
-        memo["digest", rows] = content_digest(dc, drel)
+        memo.pop(("digest", rows), None)
     return memo["database"][1:]
-
-
-def _database_digest(plan: Plan, block: Block, ds: Dataset, memo: dict) -> str:
-    """The content digest of the block's database rows as this share read them (reading them if it has not)."""
-    if ("digest", (block.d0, block.d1)) not in memo:
-        _database_rows(plan, block, ds, memo)
-    return memo["digest", (block.d0, block.d1)]
 
 
 def compute_histogram(plan: Plan, block: Block, ds: Dataset | None = None, memo: dict | None = None
@@ -66,12 +59,12 @@ def compute_histogram(plan: Plan, block: Block, ds: Dataset | None = None, memo:
     over the distinct rows with their multiplicities): hashdist.kernels.collapse decides, the result is the same.
 
     ``memo``, kept by a share across its blocks (see run_blocks), holds the last query block's rows, the last
-    database block's rows, the content digests of the rows read, and each database block's collapse decision
-    with its distinct rows: a collapsed database block is read only once.
+    database block's rows, the content digests of the rows read (with a cache), and each database block's
+    collapse decision with its distinct rows: a collapsed database block is read only once.
     """
     ds = ds or open_dataset(plan.url, plan.task)
     memo = {} if memo is None else memo
-    qc, qrel, scores, _ = _query_rows(plan, block, ds, memo)
+    qc, qrel, scores = _query_rows(plan, block, ds, memo)
     key = (block.d0, block.d1, block.q1 - block.q0)
     decision = memo.get(key)
     dc = drel = None  # a collapsed database block's distinct rows are all the histogram needs
@@ -95,8 +88,16 @@ def compute_histogram(plan: Plan, block: Block, ds: Dataset | None = None, memo:
 
 
 def _content_key(plan: Plan, block: Block, ds: Dataset, memo: dict) -> str:
-    """The block's cache key: its plan key and the content digests of its rows as this share read them."""
-    return content_key(block, _query_rows(plan, block, ds, memo)[-1], _database_digest(plan, block, ds, memo))
+    """The block's cache key: its plan key and the content digests of its query and database rows as this share
+    read them (hashed only here, so a run without a cache hashes nothing). A database block's digest is kept
+    in ``memo``: a later query block meeting it reads its rows only to compute."""
+    queries = (block.q0, block.q1)
+    if memo.get("query digest", (None,))[0] != queries:
+        memo["query digest"] = queries, content_digest(*_query_rows(plan, block, ds, memo))
+    rows = (block.d0, block.d1)
+    if ("digest", rows) not in memo:
+        memo["digest", rows] = content_digest(*_database_rows(plan, block, ds, memo))
+    return content_key(block, memo["query digest"][1], memo["digest", rows])
 
 
 def cached_histogram(plan: Plan, block: Block, cache: BlockCache, ds: Dataset | None = None,

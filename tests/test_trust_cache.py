@@ -230,4 +230,5 @@ def test_a_directory_at_an_entry_path_stops_the_run_in_one_line(dataset, tmp_pat
     entry.unlink()
     entry.mkdir()
     out = tmp_path / "again"
-    assert_refused(capsys, ["evaluate", dataset, "--out", out, *RUN, "--cache", cache], f"cache {cache}", out)
+    line = assert_refused(capsys, ["evaluate", dataset, "--out", out, *RUN, "--cache", cache], f"cache {cache}", out)
+    assert f"{entry} is a directory, not a cache entry; remove it" in line

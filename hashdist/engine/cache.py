@@ -109,6 +109,9 @@ class BlockCache:
         except OSError as exc:
             with contextlib.suppress(OSError):
                 tmp.unlink(missing_ok=True)
+            if isinstance(exc, IsADirectoryError):  # planted at an entry's path: nothing can be renamed over it
+                raise InputError(f"cache {self.directory}: {path} is a directory, not a cache entry; remove it, or "
+                                 "run with --no-cache") from exc
             raise write_failed(exc, f"cache {self.directory}", "while storing a block result",
                                "its complete entries stay valid (free space, or run with --no-cache)") from exc
 

@@ -45,7 +45,7 @@ import zarr
 from zarr.codecs import Crc32cCodec, ZstdCodec
 
 from hashdist.data.atomic import exclusive, staged_directory
-from hashdist.data.bits import n_words
+from hashdist.data.bits import first_wide_row, n_words
 from hashdist.defaults import DEFAULT_CHUNK_ROWS, DEFAULT_QUERY_CHUNK_ROWS
 from hashdist.errors import InputError
 
@@ -83,6 +83,21 @@ def chunk_digest(block: np.ndarray) -> str:
     block = np.ascontiguousarray(block)
     h = hashlib.sha256(f"{block.dtype.str}{block.shape}".encode())
     h.update(block.tobytes())
+    return h.hexdigest()
+
+
+def content_digest(*arrays) -> str:
+    """SHA-256 of arrays as they were read (dtype, shape and bytes of each, in order; ``None`` and tuples of
+    arrays allowed): the content a block's cached result is keyed on. At about 0.4 GB/s on one core it is far
+    cheaper than the histogram, and hashlib releases the GIL, so threads hash in parallel."""
+    h = hashlib.sha256()
+    for a in arrays:
+        if isinstance(a, tuple):
+            h.update(content_digest(*a).encode())
+            continue
+        a = np.ascontiguousarray(a) if a is not None else np.zeros(0, dtype=np.uint8)
+        h.update(f"{a.dtype.str}{a.shape};".encode())
+        h.update(a.reshape(-1).view(np.uint8))
     return h.hexdigest()
 
 
@@ -263,7 +278,16 @@ class Dataset:
         )
 
     def codes(self, part: str, start: int, stop: int) -> np.ndarray:
-        return self.read(f"{part}/codes", start, stop)
+        """Code rows [start, stop); a row with a bit set above ``nbits`` raises InputError (the dataset's
+        ``nbits`` is narrower than its codes: every distance would drop those bits)."""
+        name = f"{part}/codes"
+        words = self.read(name, start, stop)
+        row = first_wide_row(words, self.nbits)
+        if row is not None:
+            raise InputError(f"{self.url}: {self._stored.get(name, name)} row {start + row} has bits set above "
+                             f"nbits={self.nbits}: the codes are wider than {self.url}/zarr.json says; ingest them "
+                             "again with their real --nbits")
+        return words
 
     def labels(self, part: str, start: int, stop: int) -> np.ndarray:
         return self.read(f"{part}/labels", start, stop)

@@ -1,14 +1,17 @@
 """Blocks of work: queries x database rows, aligned to the dataset's chunks and keyed on what they read.
 
-Shared by the evaluation engine and the ground-truth sweeps. A block's key is a
-digest of the fingerprints of the rows it reads and of every parameter its result
-depends on, so a cached result can never be stale.
+Shared by the evaluation engine and the ground-truth sweeps. An evaluation block's
+key is a digest of its rows and of every parameter its result depends on; its result
+is cached under :func:`content_key`, which adds the digests of the rows' content as the
+run read it, so a cached result is never one of other data. (The ground-truth sweeps
+still key on the dataset's stored chunk fingerprints.)
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hashdist.data.dataset import combine_digests
 from hashdist.errors import InputError, check_integer
 
 MAX_BLOCK_ROWS = 2**31 - 1  # the kernels count a block's items into int32 tables
@@ -27,6 +30,12 @@ class Block:
     @property
     def pairs(self) -> int:
         return (self.q1 - self.q0) * (self.d1 - self.d0)
+
+
+def content_key(block: Block, *digests: str) -> str:
+    """The cache key of a block's result: its plan key and the content digests of the rows it was computed from
+    (hashdist.data.dataset.content_digest)."""
+    return combine_digests(("content", block.key, *digests))
 
 
 def block_rows(rows: int | None, chunk: int, default: int, option: str, total: int) -> int:

@@ -1,10 +1,14 @@
 """A content-keyed store of block results: plain .npz files, verified on every read.
 
-Keys are SHA-256 digests of everything a result depends on (row fingerprints,
-parameters, kernel version), so an entry can never be stale. Each file carries a
-digest of its key and its arrays; a file that is unreadable or fails the check
-(truncated, altered, or another key's entry under this name) is treated as
-missing (and recomputed), never trusted. Nothing is unpickled.
+Keys are SHA-256 digests of everything a result depends on (for evaluation blocks the
+content of the rows as the run read them, the parameters, the kernel version), so an
+entry can never be stale. Each file carries a digest of its key and its arrays (a
+checksum against damage, not a signature: anyone who can write the cache can compute
+it); a file that is unreadable or fails the check (truncated, altered, or another key's
+entry under this name) is treated as missing (and recomputed), never trusted. Nothing
+is unpickled. Only regular files are read: an entry's path holding a symbolic link, a
+FIFO, a device or a directory is a miss, opened without following links or blocking (a
+FIFO there cannot hang the run), and the entry a run then stores is renamed over it.
 
 Entries are written to a hidden temporary file and renamed into place, so runs
 sharing a cache (each writing the same keys) never see half an entry. A write
@@ -16,7 +20,9 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import os
+import stat
 import uuid
 from pathlib import Path
 
@@ -35,6 +41,28 @@ def _digest(key: str, arrays: dict[str, np.ndarray]) -> str:
     return h.hexdigest()
 
 
+def _read_regular_file(path: Path, max_bytes: int | None) -> bytes | None:
+    """The bytes of the regular file at ``path``, or None when there is none, or something else is there (a
+    symbolic link, which is not followed; a FIFO, device, socket or directory), or it holds more than
+    ``max_bytes``. Opening does not block (O_NONBLOCK: a FIFO opens at once and is then seen for what it is)
+    and a regular file's read does not wait on anyone, so a planted FIFO cannot hang the run past its signals."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError:  # missing, a symbolic link (ELOOP), no permission
+        return None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or (max_bytes is not None and info.st_size > max_bytes):
+            return None
+        with os.fdopen(os.dup(fd), "rb") as f:
+            return f.read() if max_bytes is None else f.read(max_bytes + 1)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
 class BlockCache:
     """Directory of verified .npz results; ``None`` as the directory disables caching."""
 
@@ -50,14 +78,18 @@ class BlockCache:
     def _path(self, key: str) -> Path:
         return self.directory / key[:2] / f"{key}.npz"
 
-    def get(self, key: str) -> dict[str, np.ndarray] | None:
+    def get(self, key: str, max_bytes: int | None = None) -> dict[str, np.ndarray] | None:
+        """The verified arrays stored under ``key``, or None (a miss): also for an entry that is not a regular
+        file or is larger than ``max_bytes``."""
         if self.directory is None:
             return None
-        path = self._path(key)
+        data = _read_regular_file(self._path(key), max_bytes)
+        if data is None:
+            return None
         try:
-            with np.load(path, allow_pickle=False) as f:
+            with np.load(io.BytesIO(data), allow_pickle=False) as f:
                 arrays = {k: f[k] for k in f.files}
-        except Exception:  # missing, truncated or not an npz: a miss
+        except Exception:  # truncated or not an npz: a miss
             return None
         stored = arrays.pop("__digest__", None)
         if stored is None or str(stored) != _digest(key, arrays):
@@ -77,6 +109,9 @@ class BlockCache:
         except OSError as exc:
             with contextlib.suppress(OSError):
                 tmp.unlink(missing_ok=True)
+            if isinstance(exc, IsADirectoryError):  # planted at an entry's path: nothing can be renamed over it
+                raise InputError(f"cache {self.directory}: {path} is a directory, not a cache entry; remove it, or "
+                                 "run with --no-cache") from exc
             raise write_failed(exc, f"cache {self.directory}", "while storing a block result",
                                "its complete entries stay valid (free space, or run with --no-cache)") from exc
 

@@ -5,12 +5,13 @@ results (from the cache or computed), a group of database blocks' distinct codes
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from hashdist.data.dataset import Dataset, open_dataset
-from hashdist.engine.blocks import Block
+from hashdist.data.dataset import Dataset, content_digest, open_dataset
+from hashdist.engine.blocks import Block, content_key
 from hashdist.engine.cache import BlockCache
 from hashdist.engine.heap import map_large_arrays
 from hashdist.engine.plan import Plan
@@ -20,6 +21,34 @@ from hashdist.kernels.codecounts import code_counts, rows_in_parts, split_by_cod
 from hashdist.kernels.codeusage import bit_ones_block
 from hashdist.kernels.collapse import auto_histogram_block, should_collapse
 from hashdist.kernels.hashtable import hashtable_counts
+from hashdist.kernels.histogram import n_grades
+
+ENTRY_SLACK = 1 << 16  # bytes of a cache entry beyond its int64 arrays (zip and .npy headers, names, digest)
+
+
+def _query_rows(plan: Plan, block: Block, ds: Dataset, memo: dict):
+    """(codes, relevance, scores or None) of the block's queries; a share reads each query block once (kept in
+    ``memo``)."""
+    rows = (block.q0, block.q1)
+    if memo.get("queries", (None,))[0] != rows:
+        qc = ds.codes("queries", *rows)
+        qrel = ds.relevant(*rows) if plan.relevance == "explicit" else ds.labels("queries", *rows)
+        asymmetric = plan.distance is not None and plan.distance.kind == "asymmetric"
+        scores = ds.read("queries/scores", *rows) if asymmetric else None
+        memo["queries"] = rows, qc, qrel, scores
+    return memo["queries"][1:]
+
+
+def _database_rows(plan: Plan, block: Block, ds: Dataset, memo: dict):
+    """(codes, labels or None) of the block's database rows, read now unless they are the share's last ones read
+    (kept in ``memo``, where rows read anew drop the digest of the earlier read: see :func:`_content_key`)."""
+    rows = (block.d0, block.d1)
+    if memo.get("database", (None,))[0] != rows:
+        dc = ds.codes("database", *rows)
+        drel = None if plan.relevance == "explicit" else ds.labels("database", *rows)
+        memo["database"] = rows, dc, drel
+        memo.pop(("digest", rows), None)
+    return memo["database"][1:]
 
 
 def compute_histogram(plan: Plan, block: Block, ds: Dataset | None = None, memo: dict | None = None
@@ -29,29 +58,24 @@ def compute_histogram(plan: Plan, block: Block, ds: Dataset | None = None, memo:
     ``collapse`` is (database rows, their distinct (code, label) rows, 1 if the Hamming histogram was counted
     over the distinct rows with their multiplicities): hashdist.kernels.collapse decides, the result is the same.
 
-    ``memo``, kept by a share across its blocks (see run_blocks), holds the last query block's rows and each
-    database block's collapse decision with its distinct rows: a collapsed database block is read only once.
+    ``memo``, kept by a share across its blocks (see run_blocks), holds the last query block's rows, the last
+    database block's rows, the content digests of the rows read (with a cache), and each database block's
+    collapse decision with its distinct rows: a collapsed database block is read only once.
     """
     ds = ds or open_dataset(plan.url, plan.task)
     memo = {} if memo is None else memo
-    if memo.get("queries", (None,))[0] != (block.q0, block.q1):
-        qrel = (ds.relevant(block.q0, block.q1) if plan.relevance == "explicit"
-                else ds.labels("queries", block.q0, block.q1))
-        memo["queries"] = (block.q0, block.q1), ds.codes("queries", block.q0, block.q1), qrel
-    _, qc, qrel = memo["queries"]
+    qc, qrel, scores = _query_rows(plan, block, ds, memo)
     key = (block.d0, block.d1, block.q1 - block.q0)
     decision = memo.get(key)
     dc = drel = None  # a collapsed database block's distinct rows are all the histogram needs
     if decision is None or decision[0] is None or plan.distance is not None or plan.hashtables:
-        dc = ds.codes("database", block.d0, block.d1)
-        drel = None if plan.relevance == "explicit" else ds.labels("database", block.d0, block.d1)
+        dc, drel = _database_rows(plan, block, ds, memo)
     if decision is None:
         decision = memo[key] = should_collapse(block.q1 - block.q0, dc, drel, plan.relevance)
     H, collapse = auto_histogram_block(qc, dc, plan.nbits, plan.relevance, qrel, drel, db_start=block.d0,
                                        max_grade=plan.largest_grade, decision=decision)
     result = {"H": H, "collapse": np.array([collapse.n_items, collapse.n_distinct, collapse.collapsed], np.int64)}
     if plan.distance is not None:
-        scores = ds.read("queries/scores", block.q0, block.q1) if plan.distance.kind == "asymmetric" else None
         result["H_hamming"] = result["H"]
         result["H"] = binned_histogram_block(plan.distance, qc, dc, plan.nbits, plan.relevance, qrel, drel, q0=block.q0,
                                              scores=scores, db_start=block.d0, max_grade=plan.largest_grade)
@@ -63,15 +87,74 @@ def compute_histogram(plan: Plan, block: Block, ds: Dataset | None = None, memo:
     return result
 
 
+def _content_key(plan: Plan, block: Block, ds: Dataset, memo: dict) -> str:
+    """The block's cache key: its plan key and the content digests of its query and database rows as this share
+    read them (hashed only here, so a run without a cache hashes nothing). A database block's digest is kept
+    in ``memo``: a later query block meeting it reads its rows only to compute."""
+    queries = (block.q0, block.q1)
+    if memo.get("query digest", (None,))[0] != queries:
+        memo["query digest"] = queries, content_digest(*_query_rows(plan, block, ds, memo))
+    rows = (block.d0, block.d1)
+    if ("digest", rows) not in memo:
+        memo["digest", rows] = content_digest(*_database_rows(plan, block, ds, memo))
+    return content_key(block, memo["query digest"][1], memo["digest", rows])
+
+
 def cached_histogram(plan: Plan, block: Block, cache: BlockCache, ds: Dataset | None = None,
                      memo: dict | None = None) -> tuple[dict[str, np.ndarray], bool]:
-    """(the block's partial results, True if they came from the cache)."""
-    hit = cache.get(block.key)
-    if hit is not None and "H" in hit and hit["H"].shape[0] == block.q1 - block.q0:
+    """(the block's partial results, True if they came from the cache).
+
+    The cache key holds the digests of the rows' content as read in this run (a rerun reads and hashes each
+    block's rows once per share, but runs no kernel), so data changed in place is never answered from the
+    cache. A cached entry whose arrays are not what this block's result can be (:func:`valid_histogram`) is
+    a miss, recomputed."""
+    if cache.directory is None:
+        return compute_histogram(plan, block, ds, memo), False
+    ds = ds or open_dataset(plan.url, plan.task)
+    memo = {} if memo is None else memo
+    shapes = result_shapes(plan, block)
+    largest = 8 * sum(map(math.prod, shapes.values())) + ENTRY_SLACK
+    hit = cache.get(_content_key(plan, block, ds, memo), max_bytes=largest)
+    if hit is not None and valid_histogram(plan, block, hit, shapes):
         return hit, True
     result = compute_histogram(plan, block, ds, memo)
-    cache.put(block.key, result)
+    cache.put(_content_key(plan, block, ds, memo), result)  # the digests of the rows the result came from
     return result, False
+
+
+def _counts(a: np.ndarray, shape: tuple) -> bool:
+    """``a`` is a non-negative int64 array of this shape."""
+    return a.dtype == np.int64 and a.shape == shape and not (a < 0).any()
+
+
+def result_shapes(plan: Plan, block: Block) -> dict[str, tuple[int, ...]]:
+    """The name and shape of each array of the block's result (:func:`compute_histogram`), all int64."""
+    queries, grades = block.q1 - block.q0, n_grades(plan.relevance, plan.largest_grade)
+    shapes = {"H": (queries, plan.nbits + 1, grades), "collapse": (3,)}
+    if plan.distance is not None:
+        shapes.update(H=(queries, plan.distance.n_bins, grades), H_hamming=(queries, plan.nbits + 1, grades))
+    for bits, tables in plan.hashtables:
+        shapes[f"hashtable_tp/{bits}x{tables}"] = shapes[f"hashtable_retrieved/{bits}x{tables}"] = (queries,)
+    return shapes
+
+
+def valid_histogram(plan: Plan, block: Block, arrays: dict[str, np.ndarray], shapes: dict | None = None) -> bool:
+    """Whether ``arrays`` can be this block's result: the names and shapes it has (``shapes``: from
+    :func:`result_shapes`), non-negative int64 counts, every query's histograms counting each database row
+    once, hashtable TP <= retrieved <= rows. A forged entry that passes is still possible (see docs/errors.md);
+    one that fails is a miss, and cannot reach the reduction."""
+    rows = block.d1 - block.d0
+    shapes = shapes or result_shapes(plan, block)
+    if set(arrays) != set(shapes) or not all(_counts(arrays[name], shape) for name, shape in shapes.items()):
+        return False
+    n_items, n_distinct, collapsed = arrays["collapse"]
+    if n_items != rows or n_distinct > rows or collapsed > 1:
+        return False
+    histograms = (arrays["H"], arrays.get("H_hamming", arrays["H"]))
+    if any((h.sum(axis=(1, 2)) != rows).any() for h in histograms):
+        return False
+    return all((arrays[f"hashtable_tp/{b}x{t}"] <= arrays[f"hashtable_retrieved/{b}x{t}"]).all()
+               and (arrays[f"hashtable_retrieved/{b}x{t}"] <= rows).all() for b, t in plan.hashtables)
 
 
 @dataclass

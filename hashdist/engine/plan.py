@@ -1,5 +1,6 @@
-"""The plan of an evaluation: queries x database cut into blocks aligned to the Zarr chunks, each keyed on the
-fingerprints of the rows it reads, and how the work is shared (histogram shares, code-count groups, metric items).
+"""The plan of an evaluation: queries x database cut into blocks aligned to the Zarr chunks, each keyed on its rows
+and the parameters its result depends on (the content of those rows joins the key as they are read:
+hashdist.engine.compute), and how the work is shared (histogram shares, code-count groups, metric items).
 """
 
 from __future__ import annotations
@@ -80,7 +81,7 @@ def make_plan(
     distance: DistanceAxis | None = None,
     code_parts: int | None = None,
 ) -> Plan:
-    """Blocks aligned to chunks, each keyed on the fingerprints of the rows it reads (and the distance's bins).
+    """Blocks aligned to chunks, each keyed on its rows and parameters (and the distance's bins).
 
     ``code_parts``: how many parts the distinct database codes are split into (default: see
     :func:`for_threads`); no result depends on it. The options were checked by their object
@@ -92,26 +93,12 @@ def make_plan(
                        ds.n_queries)
     drows = block_rows(db_block_rows, ds.chunk_rows("database"), DEFAULT_DB_BLOCK_ROWS, "--db-block-rows",
                        ds.n_database)
-    fp = ds.fingerprints
     common = (KERNEL_VERSION, ds.nbits, relevance, largest_grade, *(f"{bits}x{tables}" for bits, tables in hashtables),
               *(("distance", distance.digest) if distance is not None else ()))
-
-    def query_digest(q0, q1):
-        rel = ds.relevant_digest(q0, q1) if relevance == "explicit" else fp["queries/labels"].rows_digest(q0, q1)
-        return combine_digests((fp["queries/codes"].rows_digest(q0, q1), rel))
-
-    def db_digest(d0, d1):
-        parts = [fp["database/codes"].rows_digest(d0, d1)]
-        if relevance != "explicit":
-            parts.append(fp["database/labels"].rows_digest(d0, d1))
-        return combine_digests(parts)
-
     query_blocks = row_ranges(ds.n_queries, qrows)
     db_blocks = row_ranges(ds.n_database, drows)
-    q_digests = {q: query_digest(*q) for q in query_blocks}
-    d_digests = {d: db_digest(*d) for d in db_blocks}
     hist = tuple(
-        Block(q0, q1, d0, d1, combine_digests(("histogram", *common, q_digests[q0, q1], d_digests[d0, d1])))
+        Block(q0, q1, d0, d1, combine_digests(("histogram", *common, q0, q1, d0, d1)))
         for (q0, q1) in query_blocks
         for (d0, d1) in db_blocks
     )

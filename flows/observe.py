@@ -143,12 +143,15 @@ def absolute(path) -> str:
     return os.path.abspath(text)
 
 
-_MARKDOWN_SPECIAL = re.compile(r"([\\`*_{}\[\]()<>#+\-.!|~&\"'])")
+# what Markdown or HTML could read as syntax in a path, and control characters (a line break would end a row)
+_MARKDOWN_SPECIAL = re.compile(r"[\\`*\[\]()<>&|#%\x00-\x1f\x7f]")
 
 
 def markdown_text(text: str) -> str:
-    """``text`` as literal Markdown: every character Markdown could read as syntax escaped, line breaks as spaces."""
-    return _MARKDOWN_SPECIAL.sub(r"\\\1", " ".join(str(text).splitlines()))
+    """A path (or a name) as inert Markdown text: each character Markdown or HTML could read as syntax, ``%`` and
+    control characters percent-encoded (``[y](javascript:x)`` -> ``%5By%5D%28javascript:x%29``); the rest as it is.
+    Percent-encoding, not backslashes: Prefect's UI shows a backslash escape as it is."""
+    return _MARKDOWN_SPECIAL.sub(lambda m: f"%{ord(m.group()):02X}", str(text))
 
 
 def file_link(path) -> str:

@@ -195,3 +195,25 @@ def test_bad_input_inside_the_run_is_one_error_line_in_the_log_and_on_the_termin
         return [entry["message"] for entry in logs if entry["message"].startswith("hashdist evaluate: error: ")]
 
     assert until(errors, "the run's error line") == [line]
+
+
+def test_block_progress_is_logged_every_period_while_the_blocks_run(monkeypatch):
+    from flows.observe import ProgressLog
+    from hashdist import progress
+
+    class Lines(list):
+        def info(self, line):
+            self.append(line)
+
+    monkeypatch.setattr(progress, "PERIOD_S", 0.1)
+    log, started = Lines(), time.monotonic()
+    with progress.progress_bar(4, False) as bar, ProgressLog(log, bar):
+        for _ in range(4):
+            time.sleep(0.12)
+            bar.update(1)
+    elapsed = time.monotonic() - started
+    assert 2 <= len(log) <= elapsed / 0.1 + 1, log  # at most one line a period
+    assert all(line.startswith("blocks: ") and " of 4 done after " in line for line in log)
+    with progress.progress_bar(4, False) as bar, ProgressLog(log := Lines(), bar):
+        bar.update(4)
+    assert log == []  # none for a run shorter than a period

@@ -11,15 +11,18 @@ per task. Run it through ``hashdist compare`` or :func:`run_comparison`.
 
 from __future__ import annotations
 
+import hashlib
+
 from prefect import flow
 from prefect.artifacts import create_table_artifact
 
 from flows.evaluate import evaluate
+from flows.observe import Phases, absolute, failures_logged, interval, link_artifact, markdown_text, run_log, slug
 from flows.runtime import api_for_workers, cache_parameter, handed_over, taken, task_runner
 from hashdist.api import run_compare
 from hashdist.compare.comparison import validate
 from hashdist.options import CompareOptions, ExecutionOptions, PreparedRun, split_keywords
-from hashdist.report.comparison import leaderboard_rows
+from hashdist.report.comparison import leaderboard_rows, map_interval
 from hashdist.report.document import Evaluation
 from hashdist.report.tasks import RUN_KEYS, task_label
 
@@ -35,25 +38,62 @@ def compare(
     checked: str | None = None,
 ) -> dict:
     """Evaluate each run of each ``NAME=DATASET[,DATASET...]`` and compare; with ``out``, write comparison.json and
-    comparison.html."""
+    comparison.html. The run's story goes to its Prefect logs (flows.observe)."""
+    log = run_log()
+    with failures_logged(log, "compare"):
+        return _compare(log, methods, options, out, overwrite, tables, execution, checked)
+
+
+def _compare(log, methods, options, out, overwrite, tables, execution, checked) -> dict:
     runner = task_runner(**execution.cluster)
     cache = cache_parameter(execution.cache)
+    log.info(f"hashdist compare: {len(methods)} methods ({', '.join(m.split('=', 1)[0] for m in methods)})"
+             + (f" into {absolute(out)}" if out is not None else ""))
 
     def evaluate_on_cluster(run: PreparedRun) -> Evaluation:
+        log.info(f"evaluating {run.ds.url}" + (f" ({run.plan.task})" if run.plan.task else ""))
         with handed_over((run,)) as key:  # the evaluate flow takes a run per task
             evaluation = evaluate.with_options(task_runner=runner)(
                 dataset=run.ds.url, options=options.evaluate_options, cache=cache, progress=execution.progress,
                 prepared=key)
         return _one_task(evaluation, run.plan.task)
 
-    comparison = run_compare(methods, options, evaluate_on_cluster, out=out, overwrite=overwrite, tables=tables,
-                             checked=taken(checked))
+    with Phases(log) as phases:
+        phases.start("evaluations and tests")
+        comparison = run_compare(methods, options, evaluate_on_cluster, out=out, overwrite=overwrite, tables=tables,
+                                 checked=taken(checked), on_compared=lambda: phases.start("writing") if out else None)
+    _publish(log, methods, comparison)
+    return comparison
+
+
+def comparison_id(methods) -> str:
+    """The comparison as its artifact keys name it: the slug of its method names and 8 hex digits of its methods'
+    names and absolute dataset locations, so a rerun of the same comparison keeps its keys."""
+    specs = [f"{name}={','.join(absolute(d) for d in datasets.split(','))}"
+             for name, _, datasets in (str(m).partition("=") for m in methods)]
+    names = "-".join(spec.split("=", 1)[0] for spec in specs)
+    return f"{slug(names)}-{hashlib.sha256(chr(10).join(sorted(specs)).encode()).hexdigest()[:8]}"
+
+
+def _publish(log, methods, comparison: dict) -> None:
+    """The leaderboard's log lines and artifacts (its table; a link to comparison.html), keyed by the comparison."""
     per_task = comparison.get("tasks") or {None: comparison}
+    for task, sub in per_task.items():
+        cells = []
+        for name in sub["ranking"]:
+            worst, expected, best = map_interval(sub["methods"][name])
+            cells.append(f"{name} {interval({'expected': expected, 'worst': worst, 'best': best})}")
+        log.info(f"mAP{f' {task_label(task)}' if task else ''} (expected [worst, best]): " + "; ".join(cells))
+    key = comparison_id(methods)
     table = [{**({"task": task_label(task)} if task else {}), **dict(zip(header, row, strict=True))}
              for task, sub in per_task.items() for header, rows in [leaderboard_rows(sub)] for row in rows]
-    create_table_artifact(table=table, key="hashdist-comparison", description="hashdist leaderboard (methods by "
-                          f"expected mAP{', per task' if 'tasks' in comparison else ''})")
-    return comparison
+    create_table_artifact(table=table, key=f"hashdist-comparison-{key}", description="hashdist leaderboard (methods "
+                          f"by expected mAP{', per task' if 'tasks' in comparison else ''}, 4 decimals)")
+    outputs = comparison.get("outputs") or {}
+    if outputs:
+        log.info("comparison: " + ", ".join(absolute(p) for p in outputs.values()))
+        link_artifact(outputs["comparison_html"], f"hashdist-comparison-page-{key}",
+                      f"hashdist comparison of {markdown_text(', '.join(comparison['ranking']))}")
 
 
 def _one_task(evaluation: Evaluation, task: str | None) -> Evaluation:

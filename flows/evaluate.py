@@ -41,17 +41,18 @@ from dataclasses import dataclass, field
 
 from distributed import as_completed, wait
 from prefect import flow, task
-from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.context import FlowRunContext
 from prefect.states import State
 
 from flows.history import drop_state, watch
+from flows.observe import Phases, ProgressLog, absolute, failures_logged, headline_lines, publish_evaluation, run_log
 from flows.runtime import (
     TASK_OPTIONS,
     api_for_workers,
     cache_parameter,
     cluster_threads,
     handed_over,
+    runner_where,
     taken,
     task_runner,
     workers_in_this_process,
@@ -63,11 +64,10 @@ from hashdist.engine.plan import Plan, code_passes, count_shares, for_threads, m
 from hashdist.engine.reduction import RunResult, item_sums, reduce_blocks
 from hashdist.engine.spill import spill_directory
 from hashdist.errors import InputError
-from hashdist.metrics.registry import headline_rows
 from hashdist.options import EvaluateOptions, ExecutionOptions, PreparedRun, split_keywords
 from hashdist.progress import advance, progress_bar
 from hashdist.report.document import Evaluation, build_report
-from hashdist.report.tasks import combine_tasks
+from hashdist.report.tasks import combine_tasks, work_line
 
 # pairs one histogram task may take (a few seconds of one core): the floor on task count for huge runs
 PAIRS_PER_TASK = 2e10
@@ -77,18 +77,6 @@ PAIRS_PER_TASK = 2e10
 def histogram_task(plan, blocks, cache_dir):
     """One share of the plan: its blocks' partial results summed per query block."""
     return run_blocks(plan, blocks, resolve_cache(cache_dir))
-
-
-def _publish_artifacts(report: dict) -> None:
-    per_task = report.get("tasks") or {None: report}
-    rows = [{**({"task": task} if task else {}), "metric": label, **values}
-            for task, sub in per_task.items() for label, values in headline_rows(sub["metrics"])]
-    create_table_artifact(table=rows, key="hashdist-metrics",
-                          description=f"hashdist metrics for {report['dataset']['path']}")
-    html = (report.get("outputs") or {}).get("report_html")
-    if html:
-        create_markdown_artifact(markdown=f"hashdist report: [{html}](file://{html})", key="hashdist-report",
-                                 description="HTML report with plots")
 
 
 # -- the reduction, as Dask tasks on the workers that hold the shares ----------
@@ -159,10 +147,11 @@ class DaskExecutor:
 
 
 def reduce_on_cluster(client, plan, params, picks: list[SharePicks], threads: int, first_counts: list,
-                      spill: str | None = None, served=()) -> RunResult:
+                      spill: str | None = None, served=(), on_metrics=None) -> RunResult:
     """:func:`hashdist.engine.reduction.reduce_blocks` on the workers, over the shares' picks and the code counts
     (``first_counts``: the first pass's, submitted with the histogram tasks; later passes as plain Dask tasks,
-    reading the rows the first set aside in ``spill`` when there is one).
+    reading the rows the first set aside in ``spill`` when there is one); ``on_metrics()`` is called as the
+    metrics step starts.
     Only per-query values and tallies are gathered here. The plan and parameters (a few KB) travel inside the
     tasks: scattered data cannot be recomputed, and a broadcast scatter waits forever for a worker that died
     meanwhile.
@@ -178,7 +167,7 @@ def reduce_on_cluster(client, plan, params, picks: list[SharePicks], threads: in
         return [client.submit(count_codes, plan, group, parts, None, spill) for group in count_shares(plan, threads)]
 
     return reduce_blocks(DaskExecutor(client), plan, params, item_parts, [share.tallies for share in picks],
-                         count_pass, served=served)
+                         count_pass, served=served, on_metrics=on_metrics)
 
 
 @flow(name="evaluate", persist_result=False, log_prints=True, task_runner=task_runner())
@@ -196,25 +185,38 @@ def evaluate(
 ) -> Evaluation:
     """Evaluate DATASET with ``options``; with ``out``, write report.json, per_query.zarr and report.html there;
     with ``history``, record the run there and fail on a significant drop. ``prepared``: the key of a run that
-    :func:`run_evaluation` checked in this process, so it is not checked again."""
+    :func:`run_evaluation` checked in this process, so it is not checked again. The run's story goes to its
+    Prefect logs (flows.observe)."""
+    log = run_log()
+    with failures_logged(log, "evaluate"):
+        return _evaluate(log, dataset, options, out, overwrite, html, cache, progress, started_at, history, prepared)
+
+
+def _evaluate(log, dataset, options, out, overwrite, html, cache, progress, started_at, history, prepared):
     t_start = time.time()
     runs = taken(prepared) or options.resolve_tasks(dataset)
     if history is not None and runs[0].plan.task is not None:
         raise InputError(f"--history: not available for a dataset with modalities ({dataset})")
+    log.info(work_line(runs, runner_where(FlowRunContext.get().task_runner)))
     started_at = started_at or t_start
     cache_arg = resolve_cache(cache).argument
-    results, threads = _compute(runs, cache_arg, progress, t_start)
+    results, threads = _compute(log, runs, cache_arg, progress, t_start)
     evaluations = {run.plan.task: _evaluation(run, *result, threads, t_start, started_at)
                    for run, result in zip(runs, results, strict=True)}
     first = next(iter(evaluations.values())).report
     timing = {"startup_s": t_start - started_at, "compute_s": max(r[2] for r in results) - t_start}  # at once
     evaluation = evaluations.get(None) or combine_tasks(evaluations, timing, time.time() - started_at,
                                                         first["engine"])
+    for line in headline_lines(evaluation.report):
+        log.info(line)
     if out is not None:
-        evaluation.write(out, overwrite=overwrite, html=html, started_at=started_at)
-    _publish_artifacts(evaluation.report)
+        with Phases(log) as phases:
+            phases.start("writing")
+            evaluation.write(out, overwrite=overwrite, html=html, started_at=started_at)
+        log.info("report: " + ", ".join(absolute(p) for p in evaluation.report["outputs"].values() if p))
+    publish_evaluation(log, evaluation.report)
     if history is not None:  # append to the history store, compare with the previous run (flows/history.py)
-        evaluation.verdict = verdict = watch(evaluation, history)
+        evaluation.verdict = verdict = watch(evaluation, history, log=log)
         if verdict["flagged"]:  # Failed, message "mAP dropped significantly: ..."; the outputs stay written
             return drop_state(verdict, evaluation)
     return evaluation
@@ -259,13 +261,16 @@ def _submit(client, run: PreparedRun, threads: int, cache_arg, spills: ExitStack
     return _Submitted(run, plan, shares, counts, metric_items(plan), spill), futures
 
 
-def _compute(runs: tuple[PreparedRun, ...], cache_arg, progress: bool, t_start: float):
+def _compute(log, runs: tuple[PreparedRun, ...], cache_arg, progress: bool, t_start: float):
     """Every run's histogram shares at once (the blocks of all tasks spread over the cluster together), then each
     run's reduction on the workers: ([(RunResult, plan, time its reduction started)], cluster threads)."""
+    phases = Phases(log)
+    phases.start("cluster")
     threads = cluster_threads()
     if workers_in_this_process():  # a first run's metric functions compile in a second process meanwhile
         precompile.start()
     client = FlowRunContext.get().task_runner.client
+    phases.end(f" ({threads} worker thread{'s' if threads != 1 else ''})")
     submitted, owner = [], {}
     with ExitStack() as spills:
         for run in runs:
@@ -273,22 +278,27 @@ def _compute(runs: tuple[PreparedRun, ...], cache_arg, progress: bool, t_start: 
             submitted.append(one)
             owner.update({future: (one, i) for future, i in futures.items()})
         pairs_done, blocks = 0, sum(len(one.plan.histogram_blocks) for one in submitted)
+        phases.start("blocks")
         with client.as_current(), progress_bar(blocks, progress) as bar:
-            for state in as_completed(list(owner)):  # waits without fetching: the results stay on the workers
-                one, i = owner.pop(state)
-                one.picks.append(pick_share(client, one.items, one.shares[i], state))  # released once taken apart
-                pairs_done += sum(block.pairs for block in one.shares[i])
-                advance(bar, len(one.shares[i]), pairs_done, t_start)
-            state = None
-            return [_reduce(client, one, threads) for one in submitted], threads
+            with ProgressLog(log, bar):  # a log line every PERIOD_S seconds while the blocks are computed
+                for state in as_completed(list(owner)):  # waits without fetching: the results stay on the workers
+                    one, i = owner.pop(state)
+                    one.picks.append(pick_share(client, one.items, one.shares[i], state))  # released once taken
+                    pairs_done += sum(block.pairs for block in one.shares[i])
+                    advance(bar, len(one.shares[i]), pairs_done, t_start)
+                state = None
+            phases.end(f" ({blocks:,} block{'s' if blocks != 1 else ''}, {pairs_done:,} pairs)")
+            return [_reduce(log, client, one, threads) for one in submitted], threads
 
 
-def _reduce(client, one: _Submitted, threads: int):
+def _reduce(log, client, one: _Submitted, threads: int):
     """A run's reduction on the workers, once its shares are in: (RunResult, plan, time it started)."""
     first_counts, one.first_counts = one.first_counts, []  # referenced by the reduction alone, until counted
     t_reduce = time.time()
-    result = reduce_on_cluster(client, one.plan, one.run.params, one.picks, threads, first_counts, one.spill,
-                               one.run.served)
+    with Phases(log, f"{one.plan.task}: " if one.plan.task else "") as phases:
+        phases.start("reduction")
+        result = reduce_on_cluster(client, one.plan, one.run.params, one.picks, threads, first_counts, one.spill,
+                                   one.run.served, on_metrics=lambda: phases.start("metrics"))
     one.picks = []
     return result, one.plan, t_reduce
 

@@ -11,9 +11,11 @@ from __future__ import annotations
 import time
 
 from prefect import flow, task
+from prefect.context import FlowRunContext
 from prefect.futures import as_completed
 
-from flows.runtime import TASK_OPTIONS, api_for_workers, cache_parameter, handed_over, taken, task_runner
+from flows.observe import Phases, ProgressLog, failures_logged, run_log
+from flows.runtime import TASK_OPTIONS, api_for_workers, cache_parameter, handed_over, runner_where, taken, task_runner
 from hashdist.engine import groundtruth as gt
 from hashdist.engine.cache import resolve_cache
 from hashdist.options import ExecutionOptions, GroundTruthOptions, split_keywords
@@ -34,14 +36,25 @@ def groundtruth(
     prepared: str | None = None,
 ) -> dict:
     """Compute and store DATASET's ground truth; returns the ``groundtruth`` record plus blocks and timing.
-    ``prepared``: the key of the request :func:`run_groundtruth` checked in this process."""
+    ``prepared``: the key of the request :func:`run_groundtruth` checked in this process. The run's story goes to
+    its Prefect logs (flows.observe)."""
+    log = run_log()
+    with failures_logged(log, "groundtruth"):
+        return _groundtruth(log, dataset, options, cache, progress, prepared)
+
+
+def _groundtruth(log, dataset, options, cache, progress, prepared) -> dict:
     t_start = time.time()
     ds, params = taken(prepared) or options.resolve(dataset)
+    log.info(f"hashdist groundtruth: {params.method} over {ds.n_queries:,} queries x {ds.n_database:,} items of "
+             f"{ds.url}; blocks of up to {params.query_block_rows:,} x {params.db_block_rows:,}; "
+             f"{runner_where(FlowRunContext.get().task_runner)}")
     cache_arg = resolve_cache(cache).argument
     blocks = {"computed": 0, "cached": 0}
-    with progress_bar(0, progress) as bar:
+    with Phases(log) as phases, progress_bar(0, progress) as bar, ProgressLog(log, bar):
 
         def run_sweep(sweep, merger):
+            phases.start(f"{sweep.kind} sweep ({len(sweep.blocks):,} blocks)")
             bar.total += len(sweep.blocks)
             bar.refresh()
             futures = {block_task.submit(sweep, b, cache_arg): b for b in sweep.blocks}
@@ -52,10 +65,15 @@ def groundtruth(
                 bar.update(1)
 
         result = gt.compute(ds, params, run_sweep)
-    t_compute = time.time()
-    stored = gt.write(ds, result)
+        t_compute = time.time()
+        phases.start("writing")
+        stored = gt.write(ds, result)
     timing = {"compute_s": t_compute - t_start, "write_s": time.time() - t_compute}
-    return {**stored.attrs()["groundtruth"], "blocks": blocks, "timing": timing}
+    record = stored.attrs()["groundtruth"]
+    rule = f"epsilon {record['epsilon']:.6g}" if params.method == "epsilon_ball" else f"k {record['k']}"
+    log.info(f"{params.method}: {rule}; {record['relevant_pairs']:,} relevant pairs written to {ds.url} "
+             f"(queries/relevant); blocks: {blocks['computed']} computed, {blocks['cached']} cached")
+    return {**record, "blocks": blocks, "timing": timing}
 
 
 def run_groundtruth(dataset, *, options: GroundTruthOptions | None = None, execution: ExecutionOptions | None = None,

@@ -21,10 +21,20 @@ from __future__ import annotations
 from prefect.artifacts import create_markdown_artifact
 from prefect.states import Failed
 
+from flows.observe import (
+    EVENT_DROPPED,
+    absolute,
+    emit,
+    index_id,
+    index_resource,
+    markdown_text,
+    measures,
+    run_log,
+)
 from hashdist.compare.history import SignificantDrop, compare_runs, load_history, record
 from hashdist.report.history import flag
 
-ARTIFACT_KEY = "hashdist-history"
+ARTIFACT_KEY = "hashdist-history"  # and the index: hashdist-history-<name>-<digest of its location>
 TREND_ROWS = 10  # runs shown in the artifact's table (the most recent)
 
 
@@ -52,19 +62,30 @@ def trend_markdown(history_dir, verdict: dict, runs: list[dict]) -> str:
             min_drop=verdict["min_drop"])
         lines.append(f"| {i} | {entry['time'][:19].replace('T', ' ')} | `{entry['dataset']['fingerprint'][:12]}` | "
                      f"{m['expected']:.4f} | [{m['worst']:.4f}, {m['best']:.4f}] | {flag(v)} |")
-    lines += ["", f"History store: `{history_dir}` (`hashdist history {history_dir}` for the full trend and its "
-              "HTML page)."]
+    store = markdown_text(absolute(history_dir))
+    lines += ["", f"History store: {store} (hashdist history {store} for the full trend and its HTML page)."]
     return "\n".join(lines)
 
 
-def watch(evaluation, history_dir, **test_options) -> dict:
+def watch(evaluation, history_dir, log=None, **test_options) -> dict:
     """Append ``evaluation`` to the history at ``history_dir``, compare it with the previous run
-    (:func:`hashdist.compare.history.record`; ``test_options``: alpha, permutations, seed, min_drop), publish the
-    markdown artifact ``hashdist-history`` and return the verdict. Call it inside a flow run."""
+    (:func:`hashdist.compare.history.record`; ``test_options``: alpha, permutations, seed, min_drop), log the
+    verdict, publish the markdown artifact ``hashdist-history-<index>``, emit ``hashdist.evaluation.dropped`` on a
+    significant drop, and return the verdict. Call it inside a flow run (``log``: its run logger)."""
+    log = log or run_log()
     verdict = record(history_dir, evaluation, **test_options)
+    log.info(f"history {absolute(history_dir)}: {verdict['message']}")
     runs = load_history(history_dir)
-    create_markdown_artifact(markdown=trend_markdown(history_dir, verdict, runs), key=ARTIFACT_KEY,
-                             description=f"hashdist history: {verdict['message'][:200]}")
+    report = evaluation.report
+    create_markdown_artifact(markdown=trend_markdown(history_dir, verdict, runs),
+                             key=f"{ARTIFACT_KEY}-{index_id(report['dataset']['path'])}",
+                             description=f"hashdist history: {markdown_text(verdict['message'][:200])}")
+    if verdict["flagged"]:
+        test = {k: verdict.get(k) for k in ("message", "mean_ap_diff", "randomization_pvalue", "t_pvalue",
+                                             "shared_queries", "alpha", "min_drop")}
+        emit(log, EVENT_DROPPED, index_resource(report),
+             {"measures": measures(report), "verdict": test, "history": absolute(history_dir),
+              "report": absolute(report["outputs"]["report_json"]) if report.get("outputs") else None})
     return verdict
 
 

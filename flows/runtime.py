@@ -34,6 +34,7 @@ from prefect.settings import PREFECT_API_URL, PREFECT_FLOWS_HEARTBEAT_FREQUENCY,
 from prefect_dask import DaskTaskRunner  # noqa: E402
 
 from flows.apiserver import TemporaryAPIServer  # noqa: E402
+from flows.observe import RECORD_MARK  # noqa: E402
 from hashdist.errors import InputError, json_object  # noqa: E402
 
 
@@ -286,6 +287,18 @@ def api_for_workers(address=None, cluster_class=None, cluster_kwargs=None):
         yield
 
 
+def runner_where(runner) -> str:
+    """Where a flow run's blocks run, for its work line: its runner's cluster, unset arguments from $HASHDIST_*."""
+    from hashdist.report.tasks import where_blocks_run
+
+    arguments = getattr(runner, "arguments", None) or {"address": getattr(runner, "address", None),
+                                                       "cluster_class": getattr(runner, "cluster_class", None)}
+    cluster_class = arguments["cluster_class"] or os.environ.get("HASHDIST_CLUSTER_CLASS")
+    return where_blocks_run("flow", arguments["address"] or os.environ.get("HASHDIST_DASK_ADDRESS"),
+                            cluster_class if isinstance(cluster_class, str) or cluster_class is None
+                            else f"{cluster_class.__module__}.{cluster_class.__name__}")
+
+
 def task_runner(address=None, cluster_class=None, cluster_kwargs=None, workers=None, threads=None) -> DaskTaskRunner:
     """An existing cluster (address), a per-run cluster (cluster_class), or the embedded LocalCluster of threads.
 
@@ -294,6 +307,13 @@ def task_runner(address=None, cluster_class=None, cluster_kwargs=None, workers=N
     scheduled run finds its cluster.
     """
     return EnvironmentTaskRunner(address, cluster_class, cluster_kwargs, workers, threads)
+
+
+class _DropHashdistRecords(logging.Filter):
+    """Drops hashdist's own run-log records (flows.observe): the CLI prints its own lines; they still reach the API."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not getattr(record, RECORD_MARK, False)
 
 
 class _DropBadInput(logging.Filter):
@@ -334,8 +354,9 @@ def cli_run(debug: bool, server: TemporaryAPIServer | None = None, plots: bool =
     """The command line's flow run: bad input is reported before the run starts, in one line of the CLI's own.
 
     Checks $HASHDIST_CLUSTER_KWARGS; runs on ``server`` (the CLI's temporary API server) unless
-    Prefect's settings name an API (then stops it); unless ``debug``, keeps Prefect's records
-    about bad input off the console meanwhile. ``plots``: whether the run draws plots.
+    Prefect's settings name an API (then stops it); keeps hashdist's run-log records off the console (the CLI
+    prints its own lines) and, unless ``debug``, Prefect's records about bad input. ``plots``: whether the run
+    draws plots.
     """
     environment_cluster_kwargs()
     with contextlib.ExitStack() as stack:
@@ -351,16 +372,18 @@ def cli_run(debug: bool, server: TemporaryAPIServer | None = None, plots: bool =
             # at the end of a run for the heartbeat thread
             stack.enter_context(temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}))
             threading.Thread(target=_load_while_waiting, args=(plots,), name="hashdist-preload", daemon=True).start()
+        # Prefect's logging, set up once: importing prefect.main sets it up, as the flow module's `from prefect
+        # import flow` would anyway (Prefect's ensure_logging_setup() first would make that a second set-up: the
+        # logging configuration's template filled from every setting again, 0.06 s)
+        import prefect.main  # noqa: F401
+
+        drops = [_DropHashdistRecords()]
         if not debug:
             global CLUSTER_LOGS_SHOWN
             CLUSTER_LOGS_SHOWN = False
-            # Prefect's logging, set up once: importing prefect.main sets it up, as the flow module's `from prefect
-            # import flow` would anyway (Prefect's ensure_logging_setup() first would make that a second set-up: the
-            # logging configuration's template filled from every setting again, 0.06 s)
-            import prefect.main  # noqa: F401
-
-            drop = _DropBadInput()
-            for handler in logging.getLogger().handlers:  # kept until the process exits, as Prefect's exit logs
+            drops.append(_DropBadInput())
+        for handler in logging.getLogger().handlers:  # kept until the process exits, as Prefect's exit logs
+            for drop in drops:
                 handler.addFilter(drop)
         yield
 

@@ -103,14 +103,17 @@ def evaluate(dataset, *, cache=None, threads: int | None = None, options: Evalua
 
 
 def run_compare(specs, options: CompareOptions, evaluate, *, out=None, overwrite: bool = False, tables=(),
-                checked: CheckedComparison | None = None) -> dict:
+                checked: CheckedComparison | None = None, on_compared=None) -> dict:
     """The comparison, for either engine: check every input, evaluate each run (``evaluate(run)``: a
     :class:`hashdist.options.PreparedRun` to its :class:`Evaluation`; on datasets with modalities each task's
     run), build the comparison (:mod:`hashdist.compare.comparison`; one per task on datasets with modalities) and,
     with ``out``, write comparison.json and .html there (and ``tables``: "latex", "markdown", the leaderboard as a
-    table for a paper). ``checked``: the inputs already checked by the caller (the CLI), not checked again."""
+    table for a paper). ``checked``: the inputs already checked by the caller (the CLI), not checked again;
+    ``on_compared()``, if given, is called once the comparison is built, before it is written."""
     checked = checked or validate(specs, options, out, overwrite)
     comparison, occupancy = compare_checked(checked, options, evaluate)
+    if on_compared is not None:
+        on_compared()
     comparison["provenance"] = run_provenance()
     if out is not None:
         write_comparison(out, comparison, occupancy, overwrite=overwrite, tables=tuple(tables))

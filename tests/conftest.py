@@ -95,6 +95,47 @@ def prefect_api():
         yield
 
 
+@pytest.fixture
+def prefect_server(tmp_path):
+    """A real `prefect server` on 127.0.0.1 for the test: the environment that reaches it."""
+    with running_prefect_server(tmp_path) as env:
+        yield env
+
+
+@contextlib.contextmanager
+def running_prefect_server(directory: Path):
+    """A real `prefect server` on 127.0.0.1 (its PREFECT_HOME and log in ``directory``), stopped at the end; yields
+    the environment that reaches it."""
+    import httpx
+
+    port = free_port()
+    env = {**os.environ, "PREFECT_HOME": str(directory / "prefect-home"),
+           "PREFECT_API_URL": f"http://127.0.0.1:{port}/api", "PREFECT_LOGGING_LEVEL": "WARNING",
+           "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    log = open(directory / "server.log", "w")
+    server = subprocess.Popen([str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+                              env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/api/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert server.poll() is None, (directory / "server.log").read_text()[-2000:]
+            assert time.monotonic() < deadline, "prefect server did not become healthy in 120 s"
+            time.sleep(0.5)
+        yield env
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+        log.close()
+
+
 def listening_sockets(pid: int) -> set[tuple[str, int]]:
     """The (address, port) pairs process ``pid`` and its descendants listen on (TCP); empty once it has exited."""
     import psutil

@@ -134,22 +134,25 @@ def test_one_flow_run_over_both_tasks_equals_the_pairs(modal, tmp_path):
     for task in CROSS:
         assert_task_is_its_pair(report, task, pair_report(modal["files"], task, tmp_path))
     assert as_json(evaluation.report)["task_mean"] == report["task_mean"]
-    rows = metric_artifact()
+    rows = metric_artifact(modal["dataset"])
     assert {row.get("task") for row in rows} == set(CROSS)  # the Prefect table: a row per task and measure
-    assert {"task": "text->image", "metric": "mAP", **report["tasks"]["text->image"]["metrics"]["map"]} in rows
+    rounded = {k: round(v, 4) for k, v in report["tasks"]["text->image"]["metrics"]["map"].items()}
+    assert {"task": "text->image", "metric": "mAP", **rounded} in rows
 
 
-def metric_artifact() -> list[dict]:
-    """The rows of the newest "hashdist-metrics" table artifact."""
+def metric_artifact(dataset) -> list[dict]:
+    """The rows of the newest "hashdist-metrics-<index>" table artifact of ``dataset``."""
     import asyncio
 
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
+    from flows.observe import index_id
+
     async def read():
         async with get_client() as client:
             return await client.read_artifacts(
-                artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["hashdist-metrics"])))
+                artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[f"hashdist-metrics-{index_id(dataset)}"])))
 
     table = max(asyncio.run(read()), key=lambda a: a.created).data
     return json.loads(table) if isinstance(table, str) else table

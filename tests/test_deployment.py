@@ -2,51 +2,15 @@
 work pool, a triggered run executed by a worker, and the report it writes."""
 
 import json
-import os
 import subprocess
 import sys
-import time
 from pathlib import Path
-
-import httpx
-import pytest
 
 from hashdist.api import evaluate_local
 from hashdist.report.evaluation import json_safe
-from tests.conftest import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 PREFECT = str(Path(sys.executable).parent / "prefect")
-
-
-@pytest.fixture
-def prefect_server(tmp_path):
-    port = free_port()
-    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect-home"),
-           "PREFECT_API_URL": f"http://127.0.0.1:{port}/api", "PREFECT_LOGGING_LEVEL": "WARNING",
-           "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
-    log = open(tmp_path / "server.log", "w")
-    server = subprocess.Popen([PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-                              env=env, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/api/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert server.poll() is None, (tmp_path / "server.log").read_text()[-2000:]
-            assert time.monotonic() < deadline, "prefect server did not become healthy in 120 s"
-            time.sleep(0.5)
-        yield env
-    finally:
-        server.terminate()
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-        log.close()
 
 
 def _prefect(env, *args, timeout=180):

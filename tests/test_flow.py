@@ -70,29 +70,32 @@ def test_flow_on_external_loopback_cluster_equals_single_process(class_dataset, 
 
 
 def test_flow_publishes_metric_table_and_report_link_artifacts(class_dataset, tmp_path):
+    """Keyed by the index, the table rounded to 4 decimals (report.json keeps every digit), the report an absolute
+    file:// link."""
     import asyncio
 
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
     from flows.evaluate import run_evaluation
+    from flows.observe import file_link, index_id
 
     ev = run_evaluation(class_dataset, cache=False, out=tmp_path / "report")
+    index = index_id(class_dataset)
 
     async def read():
         async with get_client() as client:
-            return await client.read_artifacts(
-                artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["hashdist-metrics", "hashdist-report"]))
-            )
+            return await client.read_artifacts(artifact_filter=ArtifactFilter(
+                key=ArtifactFilterKey(any_=[f"hashdist-metrics-{index}", f"hashdist-report-{index}"])))
 
     artifacts = {}
     for a in sorted(asyncio.run(read()), key=lambda a: a.created):  # the newest version of each key wins
         artifacts[a.key] = a
-    assert set(artifacts) == {"hashdist-metrics", "hashdist-report"}
-    table = artifacts["hashdist-metrics"].data
+    assert set(artifacts) == {f"hashdist-metrics-{index}", f"hashdist-report-{index}"}
+    table = artifacts[f"hashdist-metrics-{index}"].data
     table = json.loads(table) if isinstance(table, str) else table
-    assert table[0]["metric"] == "mAP" and table[0]["expected"] == ev.report["metrics"]["map"]["expected"]
-    assert str(tmp_path / "report" / "report.html") in artifacts["hashdist-report"].data
+    assert table[0]["metric"] == "mAP" and table[0]["expected"] == round(ev.report["metrics"]["map"]["expected"], 4)
+    assert f"({file_link(tmp_path / 'report' / 'report.html')})" in artifacts[f"hashdist-report-{index}"].data
 
 
 def test_a_cli_run_checks_its_options_against_the_dataset_once(class_dataset, tmp_path, monkeypatch):

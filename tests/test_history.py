@@ -322,6 +322,7 @@ def test_flow_ends_failed_on_a_significant_drop_and_the_automation_matches(tmp_p
 
     from flows.evaluate import evaluate
     from flows.history import drop_state, watch
+    from flows.observe import index_id
     from hashdist.compare.history import SignificantDrop
 
     @flow(name="evaluate-watched", persist_result=False)
@@ -350,7 +351,7 @@ def test_flow_ends_failed_on_a_significant_drop_and_the_automation_matches(tmp_p
     async def artifacts():
         async with get_client() as client:
             found = await client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(
-                any_=["hashdist-history"])))
+                any_=[f"hashdist-history-{index_id(str(data))}"])))
             run = await client.read_flow_run(state.state_details.flow_run_id)
             return found, run
 

@@ -394,22 +394,12 @@ def _check_evaluate(a):
 
 def _work_line(a) -> str:
     """What the run is about to do, in one line: the pairs, the code length, the blocks and where they run."""
-    first, execution = a.prepared[0], a.execution
-    ds, plan = first.ds, first.plan
-    blocks = sum(len(run.plan.histogram_blocks) for run in a.prepared)
-    address = execution.address or os.environ.get("HASHDIST_DASK_ADDRESS")
-    cluster_class = execution.cluster_class or os.environ.get("HASHDIST_CLUSTER_CLASS")
-    if execution.engine == "local":
-        where = "threads in this process"
-    elif address:
-        where = f"Prefect + Dask on the cluster at {address}"
-    else:
-        where = f"Prefect + Dask on {f'a per-run {cluster_class}' if cluster_class else 'an embedded local cluster'}"
-    rows = min(plan.query_block_rows, ds.n_queries), min(plan.db_block_rows, ds.n_database)
-    tasks = f" in {len(a.prepared)} tasks ({', '.join(run.plan.task for run in a.prepared)})" if plan.task else ""
-    return (f"hashdist evaluate: {ds.n_queries:,} queries x {ds.n_database:,} items{tasks}, {ds.nbits} bits, "
-            f"{plan.relevance} relevance, {first.params.distance} distance; {blocks:,} block"
-            f"{'s' if blocks != 1 else ''} of up to {rows[0]:,} x {rows[1]:,}; {where}")
+    from hashdist.report.tasks import where_blocks_run, work_line
+
+    execution = a.execution
+    where = where_blocks_run(execution.engine, execution.address or os.environ.get("HASHDIST_DASK_ADDRESS"),
+                             execution.cluster_class or os.environ.get("HASHDIST_CLUSTER_CLASS"))
+    return work_line(a.prepared, where)
 
 
 def _evaluate_into(a):
@@ -783,8 +773,14 @@ def main(argv=None, server=None, collector_paused: bool = False) -> int:
         if server is not None:
             server.stop()
         return int(exc.code or 0)
-    # Prefect's INFO lines would drown the table; PREFECT_LOGGING_LEVEL still wins when set
-    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+    # Prefect's INFO lines would drown the table; PREFECT_LOGGING_LEVEL still wins when set. A flow run's own log
+    # (Prefect's run logger: hashdist's lines and Prefect's) still goes to the API at INFO, for an operator watching
+    # the run in Prefect's UI: its records reach the console handler, which shows only warnings (hashdist's records
+    # never: flows.runtime.cli_run)
+    if "PREFECT_LOGGING_LEVEL" not in os.environ:
+        os.environ["PREFECT_LOGGING_LEVEL"] = "WARNING"
+        os.environ.setdefault("PREFECT_LOGGING_LOGGERS_PREFECT_FLOW_RUNS_LEVEL", "INFO")
+        os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
     os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "warning")
     with SignalWatch() as signals:
         try:

@@ -148,14 +148,15 @@ def tree(executor, combine, handles: list):
 
 
 def reduce_blocks(executor, plan: Plan, params: MetricParams, item_parts: list[list], tallies: list, count_pass,
-                  ds: Dataset | None = None, served=()) -> RunResult:
+                  ds: Dataset | None = None, served=(), on_metrics=None) -> RunResult:
     """The RunResult from each metric item's partial sums (``item_parts[i]``: handles of dicts of arrays) and the
     shares' tallies, one pass of code parts at a time. ``count_pass(parts)`` gives the handles of one pass's
     CodePieces (one per group of database blocks), and keeps no reference to them. ``executor``:
     ``submit(function, *args)`` returning a handle (arguments may be handles, or lists of them),
     ``wait(handles)`` and ``gather(nested handles)``. ``plan`` comes from
     :func:`hashdist.engine.plan.for_threads`. ``served``: the served runs' entries (hashdist.served.measures), each
-    metric item's rows going with its step. Records reduce_s (sums, code parts, M_k) and metrics_s.
+    metric item's rows going with its step. Records reduce_s (sums, code parts, M_k) and metrics_s;
+    ``on_metrics()``, if given, is called as the metrics step starts (a flow logs its phases).
     """
     t0 = time.perf_counter()
     items = metric_items(plan)
@@ -175,6 +176,8 @@ def reduce_blocks(executor, plan: Plan, params: MetricParams, item_parts: list[l
         executor.wait([f for fs in found for f in fs[-len(parts):]] + sizes[-len(parts):])  # this pass is done
     M = [tree(executor, np.maximum, fs) for fs in found]
     t1 = time.perf_counter()
+    if on_metrics is not None:
+        on_metrics()
     precompile.join()  # a first run: the measures compile on two cores
     values = [executor.submit(item_metrics, params, s, m, [e.rows(start, stop) for e in served])
               for s, m, (_, start, stop) in zip(sums, M, items, strict=True)]

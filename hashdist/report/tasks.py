@@ -186,3 +186,26 @@ class TaskEvaluation(Evaluation):
     def render_page(self) -> str:
         return render_tasks_html(self.report, draw_figures(TASK_FIGURES, self.report, self.per_query,
                                                            self.bucket_sizes))
+
+
+def where_blocks_run(engine: str, address: str | None = None, cluster_class: str | None = None) -> str:
+    """Where a run's blocks run, for its work line: ``engine`` "local" or "flow"; the cluster's scheduler
+    ``address`` or per-run ``cluster_class`` (a flow run without either starts an embedded local cluster)."""
+    if engine == "local":
+        return "threads in this process"
+    if address:
+        return f"Prefect + Dask on the cluster at {address}"
+    return f"Prefect + Dask on {f'a per-run {cluster_class}' if cluster_class else 'an embedded local cluster'}"
+
+
+def work_line(runs, where: str) -> str:
+    """What a run (its PreparedRun per task) is about to do, in one line: the pairs, the code length, the blocks
+    and ``where`` they run."""
+    first = runs[0]
+    ds, plan = first.ds, first.plan
+    blocks = sum(len(run.plan.histogram_blocks) for run in runs)
+    rows = min(plan.query_block_rows, ds.n_queries), min(plan.db_block_rows, ds.n_database)
+    tasks = f" in {len(runs)} tasks ({', '.join(run.plan.task for run in runs)})" if plan.task else ""
+    return (f"hashdist evaluate: {ds.n_queries:,} queries x {ds.n_database:,} items{tasks}, {ds.nbits} bits, "
+            f"{plan.relevance} relevance, {first.params.distance} distance; {blocks:,} block"
+            f"{'s' if blocks != 1 else ''} of up to {rows[0]:,} x {rows[1]:,}; {where}")

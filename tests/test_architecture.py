@@ -15,6 +15,7 @@ LEVELS = (
     ("hashdist.kernels",),
     ("hashdist.metrics",),
     ("hashdist.engine",),
+    ("hashdist.served",),
     ("hashdist.options",),
     ("hashdist.report",),
     ("hashdist.compare",),

@@ -92,6 +92,15 @@ def test_a_hash_index_pads_short_lists(data, tmp_path):
     assert (out["I"] == -1).any()  # a bucket of 8 bits holds fewer than 200 of 600 items
 
 
+def test_hnsw_lists_at_each_ef_search(data, tmp_path):
+    dataset, reference = data
+    paths = hashdist.search(dataset, index="BHNSW8", k=10, ef_search=[10, 600], out=tmp_path / "hnsw")
+    assert [Path(p).name for p in paths] == ["BHNSW8-efSearch10.npz", "BHNSW8-efSearch600.npz"]
+    for path in paths:
+        _check_knn_rows(_load(path), reference)
+    assert str(_load(paths[1])["parameter"]) == "efSearch" and int(_load(paths[1])["value"]) == 600
+
+
 @pytest.mark.parametrize("spec, nprobe", [("BFlat", None), ("BIVF4", 4), ("BHash2x6", None)])
 def test_radius_lookup_is_inclusive(data, tmp_path, spec, nprobe):
     dataset, reference = data
@@ -167,6 +176,9 @@ BAD = [
     (["--index", "BIVF4", "--k", "5", "--train-rows", "2"], "4 inverted lists need at least 4 training rows"),
     (["--index", "BIVF1024", "--k", "5"], "1024 inverted lists need at least 1024 training rows, the database has"),
     (["--index", "BFlat", "--k", "5", "--task", "image->text"], "has no modalities"),
+    (["--index", "BIVF0", "--k", "5"], "--index BIVF0: an IVF index needs at least one inverted list"),
+    (["--index", "BHash99", "--k", "5"], "--index BHash99: hashes 99 bits, more than the codes'"),
+    (["--index", "BHash4", "--k", "5", "--nflip", "5"], "--nflip 5 exceeds the 4 bits hashed by BHash4"),
     (["--index", "BFlat", "--k", "5", "--nprobee", "4"], "(did you mean --nprobe?)"),
 ]
 

@@ -111,11 +111,23 @@ def prepare(dataset, options, out=None, overwrite: bool = False) -> PreparedSear
         index = faiss.index_binary_factory(8 * code_bytes(ds.nbits), options.index)
     except RuntimeError as exc:
         raise InputError(f"--index {options.index}: faiss cannot make it ({faiss_message(exc)})") from None
+    _check_shape(index, options.index, 8 * code_bytes(ds.nbits))
     if options.radius is not None and _kind(index) == "IndexBinaryHNSW":
         raise InputError(f"--radius: {options.index} is an HNSW index, which has no range search in faiss; "
                          "use --k, or an IVF, hash or flat index")
     settings = _settings(index, options)
     return PreparedSearch(ds, options, faiss, index, settings, _train_rows(index, options, ds.n_database))
+
+
+def _check_shape(index, spec: str, d: int) -> None:
+    """What faiss's factory takes but cannot search: an IVF index of no list, a hash of more bits than a code's d
+    (faiss would read past each code)."""
+    if hasattr(index, "nlist") and index.nlist < 1:
+        raise InputError(f"--index {spec}: an IVF index needs at least one inverted list")
+    hashed = getattr(index, "b", 0) * getattr(index, "nhash", 1)
+    if hashed > d:
+        raise InputError(f"--index {spec}: hashes {hashed} bits, more than the codes' {d} (faiss's d: the code "
+                         "length rounded up to whole bytes)")
 
 
 def check_output(out, dataset, overwrite: bool) -> None:

@@ -90,6 +90,7 @@ def test_a_hash_index_pads_short_lists(data, tmp_path):
     assert Path(path).name == "BHash8-nflip0.npz"
     _check_knn_rows(out, reference)
     assert (out["I"] == -1).any()  # a bucket of 8 bits holds fewer than 200 of 600 items
+    assert (out["D"][out["I"] == -1] == np.iinfo(np.int32).max).all()  # faiss's padding, as documented
 
 
 def test_hnsw_lists_at_each_ef_search(data, tmp_path):

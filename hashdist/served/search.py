@@ -9,10 +9,11 @@ The unused bits of the last byte are zero on both sides, so faiss's distances ar
 A k-NN file holds ``I`` (Q x K int64 database ids, -1 padding, faiss's ``search`` output), ``D`` (Q x K int32
 Hamming distances; at padding what faiss puts there, 2^31 - 1), ``k``; a radius file holds ``lims`` (Q + 1 int64),
 ``I``, ``D`` and ``radius``, the inclusive Hamming radius r (faiss's ``range_search`` is called with r + 1, since it
-keeps d < radius). Both hold ``time_per_query_s`` (the wall time of the search calls / Q, float64), ``index`` (the
-factory string), ``parameter`` and ``value`` (the search parameter, "" and -1 for an index without one),
-``threads``, ``build_s``, ``train_rows``, ``nbits``, ``dataset`` (its fingerprint) and ``task`` ("" without
-modalities). Nothing here loads faiss until a search is prepared; ``import hashdist`` never does.
+keeps d < radius). Both hold ``time_per_query_s`` (the wall time of the timed search calls / Q, float64; each
+setting's first call, of WARM_UP queries, is untimed), ``index`` (the factory string), ``parameter`` and ``value``
+(the search parameter, "" and -1 for an index without one), ``threads``, ``build_s``, ``train_rows``, ``nbits``,
+``dataset`` (its fingerprint) and ``task`` ("" without modalities). Nothing here loads faiss until a search is
+prepared; ``import hashdist`` never does.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from hashdist.progress import progress_bar
 FAISS_EXTRA = "pip install 'hashdist[faiss]'"
 QUERY_BATCH = 4096  # queries per search call (the progress bar's step; faiss parallelises over a call's queries)
 TRAIN_PER_LIST = 256  # faiss's k-means keeps at most this many training points per centroid
+WARM_UP = 16  # queries searched, untimed, before a setting's timed calls
 NO_VALUE = -1
 # the index classes that take each search parameter, and what the parameter sets
 PARAMETERS = {"nprobe": (("IndexBinaryIVF",), "--nprobe", "an IVF index (BIVF...)"),
@@ -288,6 +290,7 @@ def run_search(run: PreparedSearch, out, *, overwrite: bool = False, progress: b
         meta["build_s"] = np.float64(build(run, bar))
         for setting in run.settings:
             _set(run.index, setting.parameter, setting.value)
+            run.index.search(queries[:WARM_UP], 1)  # untimed: faiss's threads and the lists' memory warmed up
             for k, radius in kinds:
                 name = setting.name(options.index, radius)
                 bar.set_postfix_str(name)
@@ -309,11 +312,11 @@ def _summary(path: Path, setting: Setting, k: int | None, radius: int | None, ar
 
 def format_summaries(summaries: list[dict], options) -> str:
     """The terminal's table: one row per file written."""
-    rows = [("file", "setting", "lists", "s/query", "served/query", "queries served nothing")]
+    rows = [("file", "setting", "lists", "µs/query", "served/query", "queries served nothing")]
     for s in summaries:
         setting = f"{s['parameter']}={s['value']}" if s["parameter"] else "-"
         lists = f"k={s['k']}" if s["k"] is not None else f"radius<={s['radius']}"
-        rows.append((Path(s["path"]).name, setting, lists, f"{s['time_per_query_s']:.3g}",
+        rows.append((Path(s["path"]).name, setting, lists, f"{s['time_per_query_s'] * 1e6:.1f}",
                      f"{s['served_per_query']:.4g}", str(s["queries_served_nothing"])))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]

@@ -230,3 +230,14 @@ def test_importing_hashdist_never_loads_faiss():
             "print('faiss' in sys.modules)")
     done = _python(code)
     assert done.returncode == 0 and done.stdout.strip() == "False", done.stderr
+
+
+def test_a_prepared_search_runs_again_with_the_same_lists(data, tmp_path):
+    """Each run builds its own index (nothing added twice), and the seeded training gives the same lists."""
+    from hashdist.options import SearchOptions
+    from hashdist.served.search import prepare, run_search
+
+    run = prepare(data[0], SearchOptions(index="BIVF8", k=30, nprobe=2, train_rows=300, seed=5))
+    first, second = (run_search(run, tmp_path / name)[0]["path"] for name in ("a", "b"))
+    a, b = _load(first), _load(second)
+    assert (a["I"] == b["I"]).all() and (a["D"] == b["D"]).all() and int(a["train_rows"]) == 300

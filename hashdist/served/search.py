@@ -84,8 +84,9 @@ class Setting(NamedTuple):
 
 
 class PreparedSearch(NamedTuple):
-    """A search checked against its dataset: the dataset (a task's view), the options, faiss, the empty index,
-    the settings and the rows to train on (0: the index needs no training)."""
+    """A search checked against its dataset: the dataset (a task's view), the options, faiss, an empty index of
+    the factory string (checked; each run builds its own), the settings and the rows to train on (0: the index
+    needs no training)."""
 
     ds: Dataset
     options: Any  # hashdist.options.SearchOptions
@@ -211,9 +212,11 @@ def training_codes(ds: Dataset, rows: int, seed: int) -> np.ndarray:
     return np.concatenate(parts)
 
 
-def build(run: PreparedSearch, bar) -> float:
-    """Train the index (when it needs it) and stream the database into it chunk by chunk; the seconds taken."""
-    ds, index, started = run.ds, run.index, time.perf_counter()
+def build(run: PreparedSearch, bar):
+    """A new index of the run's factory string, trained (when it needs it) and filled with the database chunk by
+    chunk: (the index, the seconds taken)."""
+    ds, started = run.ds, time.perf_counter()
+    index = run.faiss.index_binary_factory(run.index.d, run.options.index)  # the prepared one stays empty
     if run.train_rows:
         bar.set_postfix_str(f"training on {run.train_rows:,} rows")
         try:
@@ -226,7 +229,7 @@ def build(run: PreparedSearch, bar) -> float:
     for start in range(0, ds.n_database, chunk):
         index.add(faiss_codes(ds.codes("database", start, min(start + chunk, ds.n_database)), ds.nbits))
         bar.update(1)
-    return time.perf_counter() - started
+    return index, time.perf_counter() - started
 
 
 def search_knn(index, queries: np.ndarray, k: int, bar) -> tuple[dict, float]:
@@ -287,15 +290,16 @@ def run_search(run: PreparedSearch, out, *, overwrite: bool = False, progress: b
         meta = {"index": np.str_(options.index), "threads": np.int64(threads), "nbits": np.int64(ds.nbits),
                 "train_rows": np.int64(run.train_rows), "dataset": np.str_(ds.fingerprint),
                 "task": np.str_(ds.task or "")}
-        meta["build_s"] = np.float64(build(run, bar))
+        index, build_s = build(run, bar)
+        meta["build_s"] = np.float64(build_s)
         for setting in run.settings:
-            _set(run.index, setting.parameter, setting.value)
-            run.index.search(queries[:WARM_UP], 1)  # untimed: faiss's threads and the lists' memory warmed up
+            _set(index, setting.parameter, setting.value)
+            index.search(queries[:WARM_UP], 1)  # untimed: faiss's threads and the lists' memory warmed up
             for k, radius in kinds:
                 name = setting.name(options.index, radius)
                 bar.set_postfix_str(name)
-                arrays, seconds = (search_knn(run.index, queries, k, bar) if k is not None
-                                   else search_range(run.index, queries, radius, bar))
+                arrays, seconds = (search_knn(index, queries, k, bar) if k is not None
+                                   else search_range(index, queries, radius, bar))
                 arrays.update(meta, parameter=np.str_(setting.parameter or ""), value=np.int64(setting.value),
                               time_per_query_s=np.float64(seconds / ds.n_queries))
                 np.savez(staged / name, **arrays)

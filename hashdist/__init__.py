@@ -16,6 +16,7 @@ _PUBLIC = {
     "open_dataset": "hashdist.data.dataset", "ingest": "hashdist.data.ingest", "InputError": "hashdist.errors",
     "EvaluateOptions": "hashdist.options", "CompareOptions": "hashdist.options",
     "GroundTruthOptions": "hashdist.options", "ExecutionOptions": "hashdist.options",
+    "search": "hashdist.api", "SearchOptions": "hashdist.options",
 }
 __all__ = ["__version__", *_PUBLIC]
 

@@ -12,7 +12,14 @@ from hashdist.engine.groundtruth import run_local as run_groundtruth_local
 from hashdist.engine.plan import for_threads
 from hashdist.engine.reduction import run_local
 from hashdist.errors import InputError, is_integer
-from hashdist.options import CompareOptions, EvaluateOptions, GroundTruthOptions, PreparedRun, split_keywords
+from hashdist.options import (
+    CompareOptions,
+    EvaluateOptions,
+    GroundTruthOptions,
+    PreparedRun,
+    SearchOptions,
+    split_keywords,
+)
 from hashdist.progress import advance, progress_bar
 from hashdist.report.comparison import write_comparison
 from hashdist.report.document import Evaluation, build_report
@@ -21,7 +28,7 @@ from hashdist.report.tasks import combine_tasks
 
 __all__ = ["Evaluation", "compare", "evaluate", "evaluate_local", "groundtruth_local", "options_of", "prepare",
            "prepare_tasks",
-           "run_compare", "evaluate_runs"]
+           "run_compare", "evaluate_runs", "search"]
 
 
 def options_of(function: str, options, keywords: dict, cls=EvaluateOptions):
@@ -138,3 +145,18 @@ def groundtruth_local(dataset, *, cache=None, threads: int | None = None, progre
     its fields as keywords (method, neighbors, sample, seed, epsilon, percent, block rows)."""
     ds, params = options_of("groundtruth_local", options, keywords, GroundTruthOptions).resolve(dataset)
     return run_groundtruth_local(ds, params, cache=cache, threads=threads, progress=progress)
+
+
+def search(dataset, *, out, overwrite: bool = False, progress: bool = False, options: SearchOptions | None = None,
+           **keywords) -> list[str]:
+    """Build a faiss binary index over the dataset's database codes and write its lists of the dataset's queries,
+    one ``NAME.npz`` per setting, into the directory ``out`` (:mod:`hashdist.served.search`); the paths written.
+
+    Options: a :class:`hashdist.options.SearchOptions` as ``options=``, or its fields as keywords: index (a faiss
+    binary factory string, e.g. "BIVF1024"), k, radius (inclusive), nprobe / ef_search / nflip (a value or a list:
+    one file each), task, threads, train_rows, seed. Needs faiss (``pip install 'hashdist[faiss]'``).
+    ``overwrite``: replace ``out`` if it exists."""
+    from hashdist.served.search import prepare, run_search
+
+    run = prepare(dataset, options_of("search", options, keywords, SearchOptions), out, overwrite)
+    return [s["path"] for s in run_search(run, out, overwrite=overwrite, progress=progress)]

@@ -446,6 +446,79 @@ class CompareOptions:
         return EvaluateOptions(k=self.k, radius=self.radius, tasks=self.tasks)
 
 
+@dataclass(frozen=True, kw_only=True)
+class SearchOptions:
+    """What ``hashdist search`` builds and searches: a faiss binary index from its factory string, the k-NN lists
+    (``k``) and/or the radius lookup (``radius``, inclusive) of every query, at each setting of the index's one
+    search parameter (``nprobe``, ``ef_search`` or ``nflip``; default: faiss's). Checked here without faiss or a
+    dataset; :func:`hashdist.served.search.prepare` checks the rest."""
+
+    index: str = field(metadata=option(
+        "a faiss binary index factory string: BFlat (exhaustive), BIVF1024 (inverted lists), BHNSW32 (graph), "
+        "BHash16 or BHash2x8 (hash tables); docs/served.md", metavar="SPEC"))
+    k: int | None = field(default=None, metadata=option(
+        "the K nearest database items of each query (faiss's search; -1 pads a short list)", metavar="K"))
+    radius: int | None = field(default=None, metadata=option(
+        "also (or instead of --k) every database item within Hamming distance r of each query, r inclusive "
+        "(faiss's range_search at r + 1, which keeps d < radius)", metavar="r"))
+    nprobe: tuple[int, ...] = field(default=(), metadata=option(
+        "an IVF index: the inverted lists searched per query, one output per value (e.g. 1 4 16)", type=int,
+        nargs="+", metavar="N"))
+    ef_search: tuple[int, ...] = field(default=(), metadata=option(
+        "an HNSW index: efSearch, the graph search's candidate list, one output per value (e.g. 16 64 256)",
+        type=int, nargs="+", metavar="N"))
+    nflip: tuple[int, ...] = field(default=(), metadata=option(
+        "a hash index (BHash16, BHash2x8): the bits flipped around each query's bucket, one output per value",
+        type=int, nargs="+", metavar="N"))
+    task: str | None = field(default=None, metadata=option(
+        "a dataset with modalities: the task QUERY->DATABASE searched (one), e.g. image->text", metavar="A->B"))
+    threads: int | None = field(default=None, metadata=option(
+        "faiss's threads (default: faiss's, all cores); the time per query depends on it"))
+    train_rows: int | None = field(default=None, metadata=option(
+        "database rows an index that needs training (IVF) is trained on, drawn at random with --seed (default: "
+        "all up to 256 per inverted list, what faiss's k-means would keep of more)", metavar="N"))
+    seed: int = field(default=DEFAULT_SEED, metadata=option("seed of the training rows' draw (default {default})"))
+
+    def __post_init__(self):
+        set_ = object.__setattr__
+        if not isinstance(self.index, str) or not self.index.strip():
+            raise InputError(f"--index must be a faiss binary index factory string such as BIVF1024, got "
+                             f"{self.index!r}")
+        set_(self, "index", self.index.strip())
+        if self.k is None and self.radius is None:
+            raise InputError("give --k K (k nearest neighbours) or --radius r (a radius lookup), or both")
+        if self.k is not None:
+            check_integer(self.k, "--k")
+        if self.radius is not None:
+            check_integer(self.radius, "--radius", 0)
+        given = []
+        for name in ("nprobe", "ef_search", "nflip"):
+            flag = f"--{name.replace('_', '-')}"
+            values = tuple(check_integer(v, flag, 0 if name == "nflip" else 1)
+                           for v in _listed(getattr(self, name), f"{flag} / {name}=", _NUMBER, "an integer"))
+            if len(set(values)) < len(values):
+                raise InputError(f"{flag}: {sorted(v for v in values if values.count(v) > 1)[0]} is given twice")
+            set_(self, name, values)
+            given += [flag] if values else []
+        if len(given) > 1:
+            raise InputError(f"{given[0]} and {given[1]}: parameters of different indexes (IVF, HNSW, hash); "
+                             "give the one of --index")
+        if self.task is not None:
+            set_(self, "task", "->".join(parse_task(self.task)))
+        for name in ("threads", "train_rows"):
+            if getattr(self, name) is not None:
+                check_integer(getattr(self, name), f"--{name.replace('_', '-')}")
+        check_integer(self.seed, "--seed", 0)
+
+    @property
+    def parameter(self) -> tuple[str, tuple[int, ...]] | None:
+        """The search parameter given, as (faiss's name, values), or None."""
+        for name, faiss_name in (("nprobe", "nprobe"), ("ef_search", "efSearch"), ("nflip", "nflip")):
+            if getattr(self, name):
+                return faiss_name, getattr(self, name)
+        return None
+
+
 def closest(word: str, known: list[str]) -> str | None:
     """The known name a typo most likely meant: the closest by spelling, else one the word contains or
     is contained in (``topk`` -> ``k``, ``radii`` -> ``radius``), else None."""

@@ -1,4 +1,4 @@
-"""The ``hashdist`` command line: synth, ingest, split, evaluate, compare, groundtruth, history.
+"""The ``hashdist`` command line: synth, ingest, split, evaluate, compare, groundtruth, history, search.
 
 Bad input ends with one line on stderr naming the problem and exit status 2;
 nothing is written. ``evaluate --history DIR`` exits with status 3 when the new run's
@@ -31,6 +31,7 @@ from hashdist.options import (
     EvaluateOptions,
     ExecutionOptions,
     GroundTruthOptions,
+    SearchOptions,
     closest,
     cluster_kwargs_option,
 )
@@ -45,6 +46,8 @@ Exact, tie-aware evaluation of binary hash codes for retrieval.
   hashdist compare --method a=a.zarr --method b=b.zarr --out cmp/   leaderboard, significance
   hashdist evaluate data.zarr --out report/ --history hist/   also record the run; exit 3 on a significant drop
   hashdist history hist/                                      the trend of recorded runs, hist/history.html
+  hashdist search data.zarr --index BIVF1024 --k 100 --nprobe 1 4 16 --out runs/
+      a faiss index's lists (one .npz per nprobe), for evaluate --served
   hashdist split --labels ALL_LABELS.npy --protocol cifar10 --out splits.zarr
       then ingest --splits and compare --method NAME=RUN0.zarr,RUN1.zarr,...   repeated runs
 
@@ -737,15 +740,57 @@ def _run_history(a):
     return format_trend(result) + ("" if page is None else f"\npage: {page}")
 
 
+def _add_search(sub):
+    p = sub.add_parser(
+        "search",
+        help="a faiss binary index's lists of the queries (for evaluate --served)",
+        description="Build a faiss binary index from its factory string (--index), train it on the dataset's "
+        "database codes when it needs training, stream the database into it, and search the dataset's queries: the "
+        "K nearest (--k, faiss's search) and/or every item within Hamming distance r, inclusive (--radius, faiss's "
+        "range_search at r + 1). Writes DIR/NAME.npz per setting of the index's search parameter (--nprobe, "
+        "--ef-search or --nflip; e.g. BIVF1024-nprobe16.npz) with I, D, the measured search time per query and the "
+        "setting: the inputs of hashdist evaluate DATASET --served NAME=DIR/NAME.npz. Needs faiss "
+        "(pip install 'hashdist[faiss]'). docs/served.md",
+    )
+    p.add_argument("dataset", metavar="DATASET", help="a hashdist dataset (a Zarr directory made by hashdist "
+                   "ingest or hashdist synth)")
+    p.add_argument("--out", required=True, metavar="DIR", help="the directory of the .npz files (refused if it "
+                   "exists, unless --overwrite)")
+    add_fields(p, SearchOptions)
+    p.add_argument("--overwrite", action="store_true", help="replace DIR if it exists")
+    p.add_argument("--json", action="store_true", help="print one JSON object per file written instead of the table")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def _check_search(a):
+    """The options, faiss, the index's factory string and settings against the dataset, and --out: checked once."""
+    from hashdist.served.search import prepare
+
+    a.options = from_args(SearchOptions, a)
+    a.prepared = prepare(a.dataset, a.options, a.out, a.overwrite)
+
+
+def _run_search(a):
+    from hashdist.served.search import format_summaries, run_search
+
+    summaries = run_search(a.prepared, a.out, overwrite=a.overwrite, progress=not a.quiet)
+    if a.json:
+        return json.dumps(summaries, indent=2)
+    return (f"{format_summaries(summaries, a.options)}\nwritten to {a.out}; evaluate with hashdist evaluate "
+            f"{a.dataset} --served NAME={a.out}/FILE.npz ...")
+
+
 COMMANDS = {"ingest": (_add_ingest, _run_ingest), "synth": (_add_synth, _run_synth),
             "evaluate": (_add_evaluate, _run_evaluate), "compare": (_add_compare, _run_compare),
             "groundtruth": (_add_groundtruth, _run_groundtruth),
-            "split": (_add_split, _run_split), "history": (_add_history, _run_history)}
+            "split": (_add_split, _run_split), "history": (_add_history, _run_history),
+            "search": (_add_search, _run_search)}
 
 # Checks of a command's whole input, run before anything else: before a flow command loads Prefect (2 to 3 s),
 # so bad input fails as fast with the default engine as with --engine local. The flows check again before their
 # cluster starts, for callers of the Python API.
-CHECKS = {"evaluate": _check_evaluate, "compare": _check_compare, "groundtruth": _check_groundtruth}
+CHECKS = {"evaluate": _check_evaluate, "compare": _check_compare, "groundtruth": _check_groundtruth,
+          "search": _check_search}
 
 
 DEBUG_HELP = "show tracebacks, and the log lines of a Dask cluster the run starts"

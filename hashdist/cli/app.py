@@ -16,6 +16,7 @@ import os
 import sys
 
 from hashdist.cli.fields import add_fields, from_args
+from hashdist.cli.hints import hints, versions
 from hashdist.cli.signals import EXIT_GRACE_S, EXIT_STATUS, SignalWatch, exit_within
 from hashdist.data.protocols import PROTOCOLS
 from hashdist.defaults import (
@@ -31,7 +32,6 @@ from hashdist.options import (
     EvaluateOptions,
     ExecutionOptions,
     GroundTruthOptions,
-    closest,
     cluster_kwargs_option,
 )
 
@@ -64,22 +64,39 @@ class _Dropped(Exception):
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, exit status 2
+    words: list[str] = []  # the command line being parsed, for the hints of a missing argument's error
+
+    def error(self, message):  # one line, exit status 2; no command at all: the commands and their examples
+        if self.prog == "hashdist" and message.endswith("required: command"):
+            sys.stderr.write(f"{self.format_help()}\nhashdist: give a command (hashdist COMMAND --help for its "
+                             "options)\n")
+            sys.exit(2)
+        if message.startswith("the following arguments are required"):  # --output for --out: say so
+            message += hints(_Parser.words, list(self._option_string_actions), named=True)
         sys.stderr.write(f"{self.prog}: error: {message}\n")
         sys.exit(2)
 
     def parse_args(self, args=None, namespace=None):
-        """As argparse's, with an unknown option answered by the closest option of its command."""
+        """As argparse's, with an unknown option answered by the option it most likely means."""
+        _Parser.words = list(sys.argv[1:] if args is None else args)
         parsed, extras = self.parse_known_args(args, namespace)
         if extras:
             command = self._subparsers._group_actions[0].choices.get(getattr(parsed, "command", None), self) \
                 if self._subparsers else self
-            known = [flag for flag in command._option_string_actions if flag.startswith("--")]
-            hints = [close for word in extras if word.startswith("-")
-                     for close in [closest(word.split("=")[0], known)] if close]
             command.error(f"unrecognized arguments: {' '.join(extras)}"
-                          + (f" (did you mean {' and '.join(hints)}?)" if hints else ""))
+                          + hints(extras, list(command._option_string_actions)))
         return parsed
+
+
+class _Version(argparse.Action):
+    """``--version``: hashdist's version and its dependencies' (from package metadata; nothing else loads)."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(versions())
+        parser.exit()
 
 
 def _add_ingest(sub):
@@ -764,6 +781,8 @@ DEBUG_HELP = "show tracebacks, and the log lines of a Dask cluster the run start
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="hashdist", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
+    parser.add_argument("--version", action=_Version, help="print the versions of hashdist, numpy, numba, zarr, "
+                        "Prefect and Dask, and exit")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for name, (add, _) in COMMANDS.items():
         add(sub)

@@ -1,6 +1,8 @@
 """What the command line says to a newcomer: hints for options named as other tools name them, the bare command,
 and --version."""
 
+import shlex
+import shutil
 import subprocess
 import sys
 from importlib import metadata
@@ -89,3 +91,24 @@ def test_version_loads_neither_prefect_nor_dask():
               "print(sorted({m.split('.')[0] for m in sys.modules} & {'prefect', 'dask', 'distributed'}))")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert done.stdout.strip().splitlines()[-1] == "[]", done.stdout + done.stderr
+
+
+CI_VARIABLES = ("CI", "GITHUB_ACTIONS", "GITLAB_CI", "JENKINS_URL", "TRAVIS", "CIRCLECI", "BUILDKITE", "TF_BUILD",
+                "CODEBUILD_BUILD_ID", "BITBUCKET_COMMIT", "TEAMCITY_VERSION", "DRONE", "SEMAPHORE", "APPVEYOR",
+                "BUDDY", "CI_NAME")  # Prefect announces nothing where one is set: the test would pass whatever
+
+
+@pytest.mark.skipif(shutil.which("script") is None, reason="util-linux's script (a terminal for the run) is missing")
+def test_a_first_run_in_a_terminal_prints_no_usage_data_notice(class_dataset, tmp_path, cli_env):
+    """With a fresh PREFECT_HOME, under a terminal, neither the CLI nor its temporary API server prints Prefect's
+    first-run telemetry notice (the server's environment says DO_NOT_TRACK and no server analytics)."""
+    env = {k: v for k, v in cli_env.items() if k not in ("DO_NOT_TRACK", "PREFECT_SERVER_ANALYTICS_ENABLED",
+                                                         *CI_VARIABLES)}
+    env["PREFECT_HOME"] = str(tmp_path / "prefect-home")
+    command = shlex.join([str(BIN / "hashdist"), "evaluate", str(class_dataset), "--out", str(tmp_path / "r"),
+                          "--no-html", "--workers", "1", "--threads", "1"])
+    done = subprocess.run(["script", "-qec", command, "/dev/null"], env=env, capture_output=True, text=True,
+                          timeout=300, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "mAP" in done.stdout  # the run's table came through the terminal
+    assert "usage data" not in done.stdout + done.stderr and "telemetry" not in done.stdout + done.stderr

@@ -65,7 +65,7 @@ from hashdist.engine.spill import spill_directory
 from hashdist.errors import InputError
 from hashdist.metrics.registry import headline_rows
 from hashdist.options import EvaluateOptions, ExecutionOptions, PreparedRun, split_keywords
-from hashdist.progress import advance, progress_bar
+from hashdist.progress import advance, phase, progress_bar
 from hashdist.report.document import Evaluation, build_report
 from hashdist.report.tasks import combine_tasks
 
@@ -211,6 +211,7 @@ def evaluate(
     evaluation = evaluations.get(None) or combine_tasks(evaluations, timing, time.time() - started_at,
                                                         first["engine"])
     if out is not None:
+        phase("writing the report")
         evaluation.write(out, overwrite=overwrite, html=html, started_at=started_at)
     _publish_artifacts(evaluation.report)
     if history is not None:  # append to the history store, compare with the previous run (flows/history.py)

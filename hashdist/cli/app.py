@@ -432,13 +432,37 @@ def _work_line(a) -> str:
 def _evaluate_into(a):
     import time
 
+    from hashdist.progress import reporting
+
     started_at = time.time()
     if not a.json:  # the output's first line (stderr keeps one line for an error)
         print(_work_line(a), flush=True)
+    with reporting(not a.quiet, _first_phase(a.execution), started_at):  # off a terminal: a line every 10 s
+        evaluation = _evaluation(a, started_at)
+    verdict = evaluation.verdict
+    output = _evaluate_output(a, evaluation, verdict)
+    if verdict is not None and verdict["flagged"]:
+        raise _Dropped(output, verdict["message"])
+    return output
+
+
+def _first_phase(execution: ExecutionOptions) -> str:
+    """What a command does before its blocks run: start its cluster, or (--engine local) load the dataset."""
+    if execution.engine == "local":
+        return "loading the dataset and compiling"
+    address = execution.address or os.environ.get("HASHDIST_DASK_ADDRESS")
+    return f"connecting to the cluster at {address}" if address else "starting the cluster (Prefect and Dask)"
+
+
+def _evaluation(a, started_at: float):
+    """The run of ``evaluate``, its report written (and recorded with --history)."""
+    from hashdist.progress import phase
+
     if a.execution.engine == "local":
         from hashdist.api import evaluate_runs
 
         evaluation = evaluate_runs(a.prepared, a.execution.cache, a.threads, not a.quiet, started_at)
+        phase("writing the report")
         evaluation.write(a.out, overwrite=a.overwrite, html=not a.no_html, started_at=started_at)
         if a.history is not None:
             from hashdist.compare.history import record
@@ -454,11 +478,7 @@ def _evaluate_into(a):
                                         prepared=a.prepared, started_at=started_at)
         except SignificantDrop as drop:
             evaluation = drop.evaluation
-    verdict = evaluation.verdict
-    output = _evaluate_output(a, evaluation, verdict)
-    if verdict is not None and verdict["flagged"]:
-        raise _Dropped(output, verdict["message"])
-    return output
+    return evaluation
 
 
 def _check_history_option(a):
@@ -576,6 +596,13 @@ def _check_groundtruth(a):
 
 
 def _run_groundtruth(a):
+    from hashdist.progress import reporting
+
+    with reporting(a.execution.progress, _first_phase(a.execution)):  # off a terminal: a line every 10 s
+        return _groundtruth(a)
+
+
+def _groundtruth(a):
     execution = a.execution
     if execution.engine == "local":
         from hashdist.engine import groundtruth

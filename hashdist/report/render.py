@@ -183,7 +183,7 @@ _STYLE = (
     ".lead{font-size:18px}.measures{columns:2 260px;font-size:14px}"
     "#provenance td{text-align:left;overflow-wrap:anywhere}"
     ".scroll{overflow-x:auto;max-width:100%}.nowrap,#table-tasks td{white-space:nowrap}"
-    ".board td,.board th{padding:3px 5px;font-size:12px}.board .interval{color:#555}"
+    ".board td,.board th{padding:3px 4px;font-size:12px}.board .interval{color:#555}"
     "@media (max-width:600px){figure{max-width:100%;margin:8px 0}}"
 )
 

@@ -299,7 +299,7 @@ def _map_interval(plt, report, per_query, bucket_sizes):
         ax.plot([v["expected"]], [y], "o", color="navy", ms=5)
         ax.annotate(f"{v['expected']:.4f} [{v['worst']:.4f}, {v['best']:.4f}]", (v["best"], y), xytext=(6, -3),
                     textcoords="offset points", fontsize=9)
-    ax.set(yticks=ys, yticklabels=[label for label, _ in rows], xlim=(0, 1.45),
+    ax.set(yticks=ys, yticklabels=[label for label, _ in rows], xlim=(0, 1.6),
            xticks=[0, 0.25, 0.5, 0.75, 1], xlabel="expected over tie orders (dot), worst to best order (bar)",
            title="How far the order of tied items can move each headline measure")
     fig.tight_layout()

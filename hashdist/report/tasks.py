@@ -163,15 +163,16 @@ def _intervals_both(plt, report, per_query, bucket_sizes):
     fig, ax = plt.subplots(figsize=(6.5, 0.25 * len(labels) * len(tasks) + 0.3 * len(labels) + 1.6))
     step = 1.0 / (len(tasks) + 1)
     for i, task in enumerate(tasks):
-        ys = [len(labels) - 1 - j + 0.5 - (i + 1) * step for j in range(len(labels))]
+        ys = [len(labels) - 0.5 - j + ((len(tasks) - 1) / 2 - i) * step for j in range(len(labels))]
         values = [per_task[task][label] for label in labels]
         ax.hlines(ys, [v["worst"] for v in values], [v["best"] for v in values], lw=5, color=f"C{i}", alpha=0.35)
         style = {k: v for k, v in task_style(i).items() if k != "ls"}
         ax.plot([v["expected"] for v in values], ys, ls="none", color=f"C{i}", label=task_label(task), **style)
-    ax.set(yticks=[len(labels) - 0.5 - j for j in range(len(labels))], yticklabels=labels, xlim=(0, 1),
+    ax.set(yticks=[len(labels) - 0.5 - j for j in range(len(labels))], yticklabels=labels, xlim=(0, 1.32),
+           xticks=[0, 0.25, 0.5, 0.75, 1],
            ylim=(0, len(labels)), xlabel="expected over tie orders (marker), worst to best order (bar)",
            title="How far the order of tied items can move each headline measure, per task")
-    ax.legend(fontsize=9, loc="lower right")
+    ax.legend(fontsize=9, loc="center right")  # right of 1, where no value lies
     return fig
 
 

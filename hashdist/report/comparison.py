@@ -431,7 +431,7 @@ def _html_leaderboard(caption: str, header: list[str], rows: list[list[str]], ta
 
     heads = "".join(f"<th>{head(h)}</th>" for h in header)
     body = "".join("<tr>" + "".join(f"<td>{cell(c)}</td>" for c in row) + "</tr>" for row in rows)
-    return (f"<div class='scroll'><table class='board' id='{html.escape(table_id)}'><caption>{html.escape(caption)}"
+    return (f"<div class='scroll'><table class=\"board\" id=\"{html.escape(table_id)}\"><caption>{html.escape(caption)}"
             f"</caption><thead><tr>{heads}</tr></thead><tbody>{body}</tbody></table></div>")
 
 

@@ -297,10 +297,10 @@ def _map_interval(plt, report, per_query, bucket_sizes):
     for y, (_, v) in zip(ys, rows, strict=True):
         ax.hlines(y, v["worst"], v["best"], lw=7, color="lightsteelblue")
         ax.plot([v["expected"]], [y], "o", color="navy", ms=5)
-        ax.annotate(f"{v['expected']:.4f} [{v['worst']:.4f}, {v['best']:.4f}]", (v["best"], y), xytext=(6, -3),
-                    textcoords="offset points", fontsize=9)
-    ax.set(yticks=ys, yticklabels=[label for label, _ in rows], xlim=(0, 1.6),
-           xticks=[0, 0.25, 0.5, 0.75, 1], xlabel="expected over tie orders (dot), worst to best order (bar)",
+    # the values beside their measure's name, where the layout keeps them inside the figure
+    ax.set(yticks=ys, yticklabels=[f"{label}  {v['expected']:.4f} [{v['worst']:.4f}, {v['best']:.4f}]"
+                                   for label, v in rows], xlim=(0, 1.02),
+           xticks=[0, 0.25, 0.5, 0.75, 1], xlabel="dot: expected; bar: worst to best order",
            title="How far the order of tied items can move each headline measure")
     fig.tight_layout()
     return fig

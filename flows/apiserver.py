@@ -42,6 +42,10 @@ SERVER_SETTINGS = {"PREFECT_SERVER_DATABASE_MIGRATE_ON_START": "false",
                    "PREFECT_SERVER_SERVICES_TRIGGERS_ENABLED": "false",
                    "PREFECT_API_EVENTS_STREAM_OUT_ENABLED": "false"}
 
+# the server's settings unless the environment gives them: no usage data sent or announced, no beartype
+SERVER_DEFAULTS = {"PREFECT_SERVER_ANALYTICS_ENABLED": "false", "DO_NOT_TRACK": "1",
+                   "PY_KEY_VALUE_DISABLE_BEARTYPE": "true"}
+
 
 # What hashdist uses of Prefect beyond its public flow/task API, and what for: the one list to check when Prefect
 # is upgraded (tests/test_prefect_internals.py names the Prefect version and the missing piece).
@@ -67,10 +71,11 @@ class TemporaryAPIServer:
     def __init__(self):
         self.directory = tempfile.mkdtemp(prefix="hashdist-prefect-")
         database = Path(self.directory) / "prefect.db"
-        # unless the environment says otherwise: no telemetry (as flows.runtime.set_prefect_defaults), and no
-        # beartype instrumentation of py-key-value (docket's store), whose modules are then compiled afresh at
-        # every start where Python writes no bytecode cache (about 0.1 s)
-        env = {"PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PY_KEY_VALUE_DISABLE_BEARTYPE": "true", **os.environ,
+        # unless the environment says otherwise: no telemetry (as flows.runtime.set_prefect_defaults; DO_NOT_TRACK
+        # also keeps Prefect's import in the server from printing its first-run usage-data notice to a terminal),
+        # and no beartype instrumentation of py-key-value (docket's store), whose modules are then compiled afresh
+        # at every start where Python writes no bytecode cache (about 0.1 s)
+        env = {**SERVER_DEFAULTS, **os.environ,
                **SERVER_SETTINGS,
                "PREFECT_SERVER_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{database}"}
         with socket.create_server(("127.0.0.1", 0), backlog=128) as sock:

@@ -1,13 +1,80 @@
-"""Progress of a run's blocks on stderr, for the flows and the local engine alike: a tqdm bar on a terminal,
-elsewhere (a log, a pipe, a scheduler's output) a line every PERIOD_S seconds while the run lasts."""
+"""Progress on stderr, for the flows and the local engine alike: a tqdm bar of a run's blocks on a terminal;
+elsewhere (a log, a pipe, a scheduler's output) a line every PERIOD_S seconds while the command lasts, each
+naming the time since the command started and its phase (starting the cluster, computing blocks n of m,
+reducing, writing the report), and a line at once when the phase changes after the first line.
+
+The command line reports a whole command (:func:`reporting`, phases set with :func:`phase`); a run's blocks
+(:func:`progress_bar`) report to it, or, called from Python with no command reporting, report themselves for
+as long as they run.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 import time
 
 PERIOD_S = 10.0  # off a terminal: seconds between progress lines (none for a run shorter than that)
+
+
+class _Lines:
+    """Off a terminal: a line every PERIOD_S seconds with the phase and the time since ``started``, until closed."""
+
+    def __init__(self, started: float, first_phase: str):
+        self.started, self.phase, self.lines = started, first_phase, 0
+        self._lock, self._stop = threading.Lock(), threading.Event()
+        self._thread = threading.Thread(target=self._report, name="hashdist-progress", daemon=True)
+
+    def start(self) -> _Lines:
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def set(self, phase: str) -> None:
+        """The phase from now on; said at once when lines are already being printed (a long command)."""
+        with self._lock:
+            changed, self.phase = phase.split(":")[0] != self.phase.split(":")[0], phase
+            if changed and self.lines:
+                self._line()
+
+    def _line(self) -> None:
+        sys.stderr.write(f"hashdist: {time.time() - self.started:.0f} s, {self.phase}\n")
+        sys.stderr.flush()
+        self.lines += 1
+
+    def _report(self) -> None:
+        while not self._stop.wait(PERIOD_S):  # ends with the command
+            with self._lock:
+                self._line()
+
+
+_COMMAND: list[_Lines] = []  # the lines of the command being reported (at most one)
+
+
+@contextlib.contextmanager
+def reporting(enabled: bool, first_phase: str, started: float | None = None):
+    """Progress lines for a whole command, off a terminal and when ``enabled``: ``first_phase`` until
+    :func:`phase` names the next; the time counts from ``started`` (a time.time(), default now)."""
+    if not enabled or sys.stderr.isatty() or _COMMAND:
+        yield
+        return
+    lines = _Lines(started or time.time(), first_phase).start()
+    _COMMAND.append(lines)
+    try:
+        yield
+    finally:
+        _COMMAND.remove(lines)
+        lines.close()
+
+
+def phase(text: str) -> None:
+    """The phase of the command being reported (nothing when none is)."""
+    for lines in _COMMAND:
+        lines.set(text)
 
 
 class _NoBar:
@@ -34,25 +101,35 @@ class _NoBar:
         pass
 
 
-class _Lines(_NoBar):
-    """Off a terminal: every PERIOD_S seconds, a line with the blocks done so far, until the run ends."""
+class _BlockLines(_NoBar):
+    """Off a terminal: the blocks done so far as the command's phase; once all are done, "reducing"."""
 
     def __enter__(self):
-        self.started, self._stop = time.time(), threading.Event()
-        self._thread = threading.Thread(target=self._report, name="hashdist-progress", daemon=True)
-        self._thread.start()
+        self._own = contextlib.ExitStack()
+        self._own.enter_context(reporting(True, "computing blocks"))  # a run called from Python: its own lines
+        self._say()
         return self
 
     def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
+        self._own.close()
 
-    def _report(self) -> None:
-        while not self._stop.wait(PERIOD_S):  # ends with the run
-            tail = f", {self.postfix}" if self.postfix else ""
-            sys.stderr.write(f"hashdist: {self.n} of {self.total} blocks after {time.time() - self.started:.0f} s"
-                             f"{tail}\n")
-            sys.stderr.flush()
+    def update(self, n: int = 1) -> None:
+        self.n += n
+        self._say()
+
+    def set_postfix_str(self, text: str) -> None:
+        self.postfix = text
+        self._say()
+
+    def refresh(self) -> None:
+        self._say()
+
+    def _say(self) -> None:
+        if self.total and self.n >= self.total:
+            phase(f"reducing the {self.total} block{'s' if self.total != 1 else ''}' counts to the metrics")
+            return
+        of = f" of {self.total}" if self.total else ""
+        phase(f"computing blocks: {self.n}{of} done" + (f", {self.postfix}" if self.postfix else ""))
 
 
 def progress_bar(total: int, enabled: bool):
@@ -61,7 +138,7 @@ def progress_bar(total: int, enabled: bool):
     if not enabled:
         return _NoBar(total)
     if not sys.stderr.isatty():
-        return _Lines(total)
+        return _BlockLines(total)
     from tqdm import tqdm
 
     return tqdm(total=total, unit="block", file=sys.stderr, dynamic_ncols=True)

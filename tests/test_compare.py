@@ -142,7 +142,7 @@ def test_cli_end_to_end(methods, tmp_path, capsys):
         sorted(holm(list(ap.values()))))
     page = (out / "comparison.html").read_text()
     for figure in ("pr_curves", "bit_length", "code_occupancy", "bit_balance"):
-        assert f'<figure id="fig-{figure}"><img' in page and "data:image/png;base64," in page
+        assert f'<figure id="fig-{figure}"><div class="plot"><img' in page and "data:image/png;base64," in page
     assert "http://" not in page and "https://" not in page
     # a rerun with the same seed gives the same numbers
     assert main([*argv, "--overwrite"]) == 0

@@ -218,7 +218,7 @@ def test_cli_writes_runs_and_summaries(runs, tmp_path, capsys):
             assert row == "".join(f"<td>{x}</td>" for x in expected), (name, label)
         assert all(f"<code>{p}</code>" in page for p in runs[name])
     assert cell(c["methods"]["poor@16"]["over_runs"]["mAP"]) in page.split('id="leaderboard"')[1]
-    assert '<figure id="fig-bit_length"><img' in page
+    assert '<figure id="fig-bit_length"><div class="plot"><img' in page
 
     # paper tables: models x bit lengths, mean ± sd, bold on the best mean
     header, rows = ref.markdown_rows((out / "leaderboard.md").read_text())

@@ -16,6 +16,7 @@ import os
 import sys
 
 from hashdist.cli.fields import add_fields, from_args
+from hashdist.cli.hints import hints, versions
 from hashdist.cli.signals import EXIT_GRACE_S, EXIT_STATUS, SignalWatch, exit_within
 from hashdist.data.protocols import PROTOCOLS
 from hashdist.defaults import (
@@ -32,7 +33,6 @@ from hashdist.options import (
     ExecutionOptions,
     GroundTruthOptions,
     SearchOptions,
-    closest,
     cluster_kwargs_option,
 )
 
@@ -67,22 +67,39 @@ class _Dropped(Exception):
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, exit status 2
+    words: list[str] = []  # the command line being parsed, for the hints of a missing argument's error
+
+    def error(self, message):  # one line, exit status 2; no command at all: the commands and their examples
+        if self.prog == "hashdist" and message.endswith("required: command"):
+            sys.stderr.write(f"{self.format_help()}\nhashdist: give a command (hashdist COMMAND --help for its "
+                             "options)\n")
+            sys.exit(2)
+        if message.startswith("the following arguments are required"):  # --output for --out: say so
+            message += hints(_Parser.words, list(self._option_string_actions), named=True)
         sys.stderr.write(f"{self.prog}: error: {message}\n")
         sys.exit(2)
 
     def parse_args(self, args=None, namespace=None):
-        """As argparse's, with an unknown option answered by the closest option of its command."""
+        """As argparse's, with an unknown option answered by the option it most likely means."""
+        _Parser.words = list(sys.argv[1:] if args is None else args)
         parsed, extras = self.parse_known_args(args, namespace)
         if extras:
             command = self._subparsers._group_actions[0].choices.get(getattr(parsed, "command", None), self) \
                 if self._subparsers else self
-            known = [flag for flag in command._option_string_actions if flag.startswith("--")]
-            hints = [close for word in extras if word.startswith("-")
-                     for close in [closest(word.split("=")[0], known)] if close]
             command.error(f"unrecognized arguments: {' '.join(extras)}"
-                          + (f" (did you mean {' and '.join(hints)}?)" if hints else ""))
+                          + hints(extras, list(command._option_string_actions)))
         return parsed
+
+
+class _Version(argparse.Action):
+    """``--version``: hashdist's version and its dependencies' (from package metadata; nothing else loads)."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(versions())
+        parser.exit()
 
 
 def _add_ingest(sub):
@@ -408,13 +425,37 @@ def _work_line(a) -> str:
 def _evaluate_into(a):
     import time
 
+    from hashdist.progress import reporting
+
     started_at = time.time()
     if not a.json:  # the output's first line (stderr keeps one line for an error)
         print(_work_line(a), flush=True)
+    with reporting(not a.quiet, _first_phase(a.execution), started_at):  # off a terminal: a line every 10 s
+        evaluation = _evaluation(a, started_at)
+    verdict = evaluation.verdict
+    output = _evaluate_output(a, evaluation, verdict)
+    if verdict is not None and verdict["flagged"]:
+        raise _Dropped(output, verdict["message"])
+    return output
+
+
+def _first_phase(execution: ExecutionOptions) -> str:
+    """What a command does before its blocks run: start its cluster, or (--engine local) load the dataset."""
+    if execution.engine == "local":
+        return "loading the dataset and compiling"
+    address = execution.address or os.environ.get("HASHDIST_DASK_ADDRESS")
+    return f"connecting to the cluster at {address}" if address else "starting the cluster (Prefect and Dask)"
+
+
+def _evaluation(a, started_at: float):
+    """The run of ``evaluate``, its report written (and recorded with --history)."""
+    from hashdist.progress import phase
+
     if a.execution.engine == "local":
         from hashdist.api import evaluate_runs
 
         evaluation = evaluate_runs(a.prepared, a.execution.cache, a.threads, not a.quiet, started_at)
+        phase("writing the report")
         evaluation.write(a.out, overwrite=a.overwrite, html=not a.no_html, started_at=started_at)
         if a.history is not None:
             from hashdist.compare.history import record
@@ -430,11 +471,7 @@ def _evaluate_into(a):
                                         prepared=a.prepared, started_at=started_at)
         except SignificantDrop as drop:
             evaluation = drop.evaluation
-    verdict = evaluation.verdict
-    output = _evaluate_output(a, evaluation, verdict)
-    if verdict is not None and verdict["flagged"]:
-        raise _Dropped(output, verdict["message"])
-    return output
+    return evaluation
 
 
 def _check_history_option(a):
@@ -552,6 +589,13 @@ def _check_groundtruth(a):
 
 
 def _run_groundtruth(a):
+    from hashdist.progress import reporting
+
+    with reporting(a.execution.progress, _first_phase(a.execution)):  # off a terminal: a line every 10 s
+        return _groundtruth(a)
+
+
+def _groundtruth(a):
     execution = a.execution
     if execution.engine == "local":
         from hashdist.engine import groundtruth
@@ -799,6 +843,8 @@ DEBUG_HELP = "show tracebacks, and the log lines of a Dask cluster the run start
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="hashdist", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
+    parser.add_argument("--version", action=_Version, help="print the versions of hashdist, numpy, numba, zarr, "
+                        "Prefect and Dask, and exit")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for name, (add, _) in COMMANDS.items():
         add(sub)

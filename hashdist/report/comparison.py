@@ -29,6 +29,7 @@ from hashdist.kernels.codeusage import rank_size_steps
 from hashdist.metrics.registry import BY_KEY, FIELD_LABELS, MEASURES, headline_rows, lookup
 from hashdist.metrics.stats import t_interval
 from hashdist.report.render import (
+    PROVENANCE_CAPTION,
     Figure,
     check_replaceable_dir,
     draw_figures,
@@ -373,7 +374,7 @@ def _sections(comparison: dict, images: dict[str, str], h: str = "h2", prefix: s
     ) + "</div>"
     return (
         f"{_headline(comparison)}{texts.head}<{h}>Leaderboard</{h}>"
-        + html_table(texts.board_caption, *leaderboard_rows(comparison), f"{prefix}leaderboard")
+        + _html_leaderboard(texts.board_caption, *leaderboard_rows(comparison), f"{prefix}leaderboard")
         + _ties_note(comparison)
         + texts.runs
         + f"<{h}>Paired significance</{h}><p>{texts.pair_text}; Holm's correction across all pairs of a metric.</p>"
@@ -407,6 +408,31 @@ def render_tasks_html(comparison: dict, images: dict[str, dict[str, str]]) -> st
     body = (f"<h1>hashdist comparison: {html.escape(names)}</h1>{intro}<h2>mAP per task</h2>"
             f"{_html_paper_table(paper_cells(comparison))}{sections}{_provenance(comparison)}")
     return page(f"hashdist comparison: {names} ({labels})", body)
+
+
+def _html_leaderboard(caption: str, header: list[str], rows: list[list[str]], table_id: str) -> str:
+    """The leaderboard, compact enough for the page's column: a header breaks after "@" and before "(" or "[",
+    a cell's "[worst, best]" goes on a line of its own, the 95% CI on two lines."""
+    def head(text):
+        text = html.escape(text).replace("@", "@<wbr>")
+        for opening in (" (", " ["):
+            first, found, rest = text.partition(opening)
+            if found:
+                text = f"{first} <span class='nowrap'>{opening.strip()}{rest}</span>"
+        return text
+
+    def cell(text):
+        first, found, rest = html.escape(text).partition(" [")
+        if found and first:
+            return f"{first} <br><span class='nowrap interval'>[{rest}</span>"
+        if text.startswith("["):  # an interval alone (the 95% CI): on two lines, broken after its comma
+            return html.escape(text)
+        return f"<span class='nowrap'>{html.escape(text)}</span>"
+
+    heads = "".join(f"<th>{head(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{cell(c)}</td>" for c in row) + "</tr>" for row in rows)
+    return (f"<div class='scroll'><table class=\"board\" id=\"{html.escape(table_id)}\"><caption>{html.escape(caption)}"
+            f"</caption><thead><tr>{heads}</tr></thead><tbody>{body}</tbody></table></div>")
 
 
 def _html_paper_table(table: "PaperTable") -> str:
@@ -452,7 +478,7 @@ def _provenance(comparison: dict) -> str:
                                                                                    else ""),
                   f"{run['dataset']} ({run['fingerprint']})"]
                  for name, m in sub["methods"].items() for t, run in enumerate(runs_of(m))]
-    return "<h2>Provenance</h2>" + html_table("Provenance", ["what", "value"], rows, "provenance")
+    return "<h2>Provenance</h2>" + html_table(PROVENANCE_CAPTION, ["what", "value"], rows, "provenance")
 
 
 # -- tables for papers ----------------------------------------------------------------

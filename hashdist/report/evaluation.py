@@ -20,8 +20,9 @@ import numpy as np
 from hashdist.data.atomic import staged_directory
 from hashdist.kernels.codeusage import rank_size_steps
 from hashdist.metrics.conventions import BY_NAME
-from hashdist.metrics.registry import AP_EXPECTED, FIELD_LABELS, MEASURES, POLICIES, headline_rows, lookup
+from hashdist.metrics.registry import AP_EXPECTED, BY_KEY, FIELD_LABELS, MEASURES, POLICIES, headline_rows, lookup
 from hashdist.report.render import (
+    PROVENANCE_CAPTION,
     Figure,
     check_replaceable_dir,
     draw_figures,
@@ -180,8 +181,9 @@ def convention_tables(report: dict) -> list[tuple[str, list[str], list[list[str]
 
 def headline_table(report: dict) -> tuple[str, list[str], list[list[str]]]:
     """The headline measures as "expected [worst, best]": the value to publish and what tie order can move it."""
-    rows = [[label, f"{fmt(v['expected'])} [{fmt(v['worst'])}, {fmt(v['best'])}]" if v["worst"] != v["best"]
-             else fmt(v["expected"])] for label, v in headline_rows(report["metrics"])]
+    rows = [[label, (f"{fmt(v['expected'])} [{fmt(v['worst'])}, {fmt(v['best'])}]" if v["worst"] != v["best"]
+             else fmt(v["expected"])) + radius_context(report, label, short=True)]
+            for label, v in headline_rows(report["metrics"])]
     return ("Headline: expected over all orders of tied items [worst, best order]; publish expected",
             ["metric", "expected [worst, best]"], rows)
 
@@ -206,7 +208,8 @@ def format_table(report: dict) -> str:
 
 def _pr_points(plt, curve, label, labels: int = 7):
     """A PR curve with at most ``labels`` of its points labelled (label(p)), spread evenly along the curve, each
-    label above and right of its point, away from a falling curve and from the other labels."""
+    label above and right of its point, away from a falling curve and from the other labels; below it near the top
+    edge and left of it near the right edge, so that every label stays inside the axes."""
     fig, ax = plt.subplots(figsize=(5, 4))
     x, y = np.array([p["recall"] for p in curve]), np.array([p["precision"] for p in curve])
     ax.plot(x, y, marker="o", ms=3, clip_on=False)
@@ -214,7 +217,9 @@ def _pr_points(plt, curve, label, labels: int = 7):
         return fig, ax
     along = np.concatenate([[0.0], np.cumsum(np.hypot(np.diff(x), np.diff(y)))])
     for i in sorted({int(np.argmin(np.abs(along - s))) for s in np.linspace(0, along[-1], labels)}):
-        ax.annotate(label(curve[i]), (x[i], y[i]), fontsize=7, xytext=(5, 4), textcoords="offset points")
+        right, top = x[i] > 0.8, y[i] > 0.9
+        ax.annotate(label(curve[i]), (x[i], y[i]), fontsize=9, xytext=(-5 if right else 5, -6 if top else 4),
+                    textcoords="offset points", ha="right" if right else "left", va="top" if top else "bottom")
     return fig, ax
 
 
@@ -288,15 +293,15 @@ def _map_interval(plt, report, per_query, bucket_sizes):
     rows = [(label, v) for label, v in headline_rows(report["metrics"]) if v["worst"] != v["best"]]
     if not rows:
         return None
-    fig, ax = plt.subplots(figsize=(9, 0.35 * len(rows) + 1.2))
+    fig, ax = plt.subplots(figsize=(6.5, 0.4 * len(rows) + 1.4))
     ys = np.arange(len(rows))[::-1]
     for y, (_, v) in zip(ys, rows, strict=True):
         ax.hlines(y, v["worst"], v["best"], lw=7, color="lightsteelblue")
         ax.plot([v["expected"]], [y], "o", color="navy", ms=5)
-        ax.annotate(f"{v['expected']:.4f} [{v['worst']:.4f}, {v['best']:.4f}]", (v["best"], y), xytext=(6, -3),
-                    textcoords="offset points", fontsize=8)
-    ax.set(yticks=ys, yticklabels=[label for label, _ in rows], xlim=(0, 1.12),
-           xlabel="value: expected over tie orders (dot), worst to best order (bar)",
+    # the values beside their measure's name, where the layout keeps them inside the figure
+    ax.set(yticks=ys, yticklabels=[f"{label}  {v['expected']:.4f} [{v['worst']:.4f}, {v['best']:.4f}]"
+                                   for label, v in rows], xlim=(0, 1.02),
+           xticks=[0, 0.25, 0.5, 0.75, 1], xlabel="dot: expected; bar: worst to best order",
            title="How far the order of tied items can move each headline measure")
     fig.tight_layout()
     return fig
@@ -378,12 +383,28 @@ def _headline_html(report: dict) -> str:
             f"{fmt(first['worst'])} to {fmt(first['best'])}; publish {fmt(first['expected'])}, the expected value "
             "(the exact mean over all tie orders).</p>")
     items = "".join(f"<li>{html.escape(name)} <b>{fmt(v['expected'])}</b>"
-                    + (f" [{fmt(v['worst'])}, {fmt(v['best'])}]" if v["worst"] != v["best"] else "") + "</li>"
-                    for name, v in rest)
+                    + (f" [{fmt(v['worst'])}, {fmt(v['best'])}]" if v["worst"] != v["best"] else "")
+                    + html.escape(radius_context(report, name)) + "</li>" for name, v in rest)
     return (f"<section class='headline'><p>{d['n_queries']:,} queries x {d['n_database']:,} database items, "
             f"{d['nbits']}-bit codes, {html.escape(str(d['relevance']))} relevance; {q['evaluated']:,} of "
             f"{q['total']:,} queries evaluated ({q['without_relevant']:,} without relevant items).</p>{lead}"
             f"<ul class='measures'>{items}</ul></section>")
+
+
+def radius_context(report: dict, label: str, short: bool = False) -> str:
+    """What a radius measure's precision needs beside it: its recall and how many queries' balls are empty (a
+    precision of 1 over the few queries that retrieve anything is no achievement); "" for other measures.
+    ``short``: for the terminal's table."""
+    prefix = BY_KEY["micro_at_radius"].label.split("{}")[0]
+    if not label.startswith(prefix):
+        return ""
+    radius, m = label[len(prefix):].split()[0], report["metrics"]
+    micro, empty = m["micro_at_radius"][radius], m["retrieved_nothing_at_radius"][radius]
+    evaluated = report["queries"]["evaluated"]
+    share = f"{100 * empty / evaluated:.0f}%" if evaluated else "n/a"
+    if short:
+        return f" (R {fmt(micro['recall'])}, {share} of balls empty)"
+    return f", R {fmt(micro['recall'])}; {share} of queries ({empty:,} of {evaluated:,}) retrieve nothing within it"
 
 
 def provenance_rows(report: dict) -> list[list[str]]:
@@ -399,8 +420,13 @@ def provenance_rows(report: dict) -> list[list[str]]:
     return rows
 
 
+def dataset_name(report: dict) -> str:
+    """The dataset's directory name, as the page's title gives it."""
+    return Path(str(report["dataset"]["path"]).rstrip("/")).name or "dataset"
+
+
 def render_html(report: dict, images: dict[str, str]) -> str:
-    name = Path(str(report["dataset"]["path"]).rstrip("/")).name or "dataset"
+    name = dataset_name(report)
     head = f"<h1>hashdist report: {html.escape(name)}</h1>{_headline_html(report)}"
     body = "".join(html_table(caption, header, rows, f"table-{i}")
                    for i, (caption, header, rows) in enumerate(tables(report)))
@@ -408,7 +434,7 @@ def render_html(report: dict, images: dict[str, str]) -> str:
     glossary = html_definitions(definitions(report))
     sources = ("<p>The definitions in full: docs/metrics.md in hashdist's repository. Sources:</p><ol>"
                + "".join(f"<li>{html.escape(c)}</li>" for c in CITATIONS) + "</ol>")
-    prov = html_table("Provenance", ["what", "value"], provenance_rows(report), "provenance")
+    prov = html_table(PROVENANCE_CAPTION, ["what", "value"], provenance_rows(report), "provenance")
     return page(f"hashdist report: {name}", f"{head}<h2>Metrics</h2>{body}<h2>Plots</h2>{figures}"
                 f"<h2>Definitions</h2>{glossary}{sources}<h2>Provenance</h2>{prov}")
 

@@ -17,6 +17,11 @@ from hashdist.data.atomic import check_apart
 from hashdist.errors import InputError
 
 TITLE_CHARS_PER_INCH = 11  # characters of a default-size title per inch of axes
+DPI = 90  # pixels per inch of the pages' figures
+MIN_FONT_PT = 9  # the smallest text of a figure (11.25 px at DPI)
+MIN_SHOWN_PX = 9  # a figure is never shown so small that its smallest text is under this (it scrolls instead)
+PROVENANCE_CAPTION = "What made these numbers: when, with which packages, data and parameters"
+MIN_TEXT_KEY = "hashdist-min-text-px"  # the PNG text chunk that records the figure's smallest text, in pixels
 
 
 def fmt(x, digits: int = 4) -> str:
@@ -50,7 +55,9 @@ def png(fig) -> str:
     Laid out by matplotlib's tight layout engine as it draws: one draw, where ``bbox_inches="tight"``
     draws twice. No minor ticks: on a log axis they cost as much to lay out as the rest of the figure.
     Together about half the time (0.1 to 0.2 s a figure). Titles are wrapped to their axes' width; log axes
-    are labelled 10\u207f."""
+    are labelled 10\u207f. No text is smaller than MIN_FONT_PT; the PNG records its smallest text's size in
+    pixels (MIN_TEXT_KEY), which the page uses to keep the figure readable at any width."""
+    from matplotlib.text import Text
     from matplotlib.ticker import FuncFormatter
 
     for ax in fig.axes:
@@ -60,10 +67,29 @@ def png(fig) -> str:
                 axis.set_major_formatter(FuncFormatter(_power_of_ten))
         width = ax.get_position().width * fig.get_figwidth()
         ax.set_title(textwrap.fill(ax.get_title(), width=max(20, int(TITLE_CHARS_PER_INCH * width))))
+    texts = [t for t in fig.findobj(Text) if t.get_text() and t.get_visible()]
+    for text in texts:
+        text.set_fontsize(max(text.get_fontsize(), MIN_FONT_PT))
+    smallest = min((t.get_fontsize() for t in texts), default=MIN_FONT_PT) * DPI / 72
     fig.set_layout_engine("tight")
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90)
+    fig.savefig(buf, format="png", dpi=DPI, metadata={MIN_TEXT_KEY: f"{smallest:.2f}"})
     return base64.b64encode(buf.getvalue()).decode()
+
+
+def png_facts(data: str) -> tuple[int, float]:
+    """(width in pixels, smallest text in pixels) of a base64 PNG made by :func:`png`, from its header and text
+    chunk."""
+    raw = base64.b64decode(data)
+    width, position, smallest = int.from_bytes(raw[16:20], "big"), 8, float(MIN_FONT_PT * DPI / 72)
+    while position + 8 <= len(raw):
+        length, kind = int.from_bytes(raw[position:position + 4], "big"), raw[position + 4:position + 8]
+        if kind == b"tEXt":
+            key, _, value = raw[position + 8:position + 8 + length].partition(b"\0")
+            if key.decode("latin-1") == MIN_TEXT_KEY:
+                smallest = float(value)
+        position += 12 + length
+    return width, smallest
 
 
 def pyplot():
@@ -124,8 +150,12 @@ def html_definitions(terms: list[tuple[str, str]]) -> str:
 def html_figure(name: str, data: str, caption: str, wide: bool = False) -> str:
     """A captioned PNG figure; the caption says what is plotted and the convention behind it."""
     kind = ' class="wide"' if wide else ""
-    return (f'<figure id="fig-{html.escape(name)}"{kind}><img alt="{html.escape(caption)}" '
-            f'src="data:image/png;base64,{data}"><figcaption>{html.escape(caption)}</figcaption></figure>')
+    width, smallest = png_facts(data)
+    # never narrower than where its smallest text would fall under MIN_SHOWN_PX: on a narrow screen, it scrolls
+    floor = math.ceil(width * min(1.0, MIN_SHOWN_PX / smallest))
+    return (f'<figure id="fig-{html.escape(name)}"{kind}><div class="plot"><img alt="{html.escape(caption)}" '
+            f'style="min-width:{floor}px" data-min-text-px="{smallest:.2f}" src="data:image/png;base64,{data}">'
+            f'</div><figcaption>{html.escape(caption)}</figcaption></figure>')
 
 
 def html_figures(figures: dict[str, Figure], images: dict[str, str], caption=lambda text: text) -> str:
@@ -139,19 +169,21 @@ def html_figures(figures: dict[str, Figure], images: dict[str, str], caption=lam
 _STYLE = (
     "body{font-family:system-ui,sans-serif;max-width:1150px;margin:auto;padding:0 12px;color:#222}"
     "table{border-collapse:collapse;margin:10px 0 18px;min-width:min(100%,560px)}"
-    "caption{text-align:left;font-weight:600;padding:4px 0}"
+    # a caption stays in view, wrapped to the visible width, while its wide table scrolls under it
+    "caption{text-align:left;font-weight:600;padding:4px 0;position:sticky;left:0;max-width:calc(100vw - 40px)}"
     "td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px;text-align:right}"
     "td:first-child,th:first-child{text-align:left}thead th{background:#f2f2f2}"
     "figure{display:inline-block;vertical-align:top;margin:8px;max-width:520px}"
     ".figures{display:grid;grid-template-columns:repeat(auto-fit,minmax(min(100%,440px),1fr));gap:12px}"
     ".figures figure{margin:0;max-width:none}.figures .wide{grid-column:1/-1}"
-    ".figures .wide img{max-width:min(100%,900px)}"
+    ".figures .wide img{max-width:min(100%,900px)}.plot{overflow-x:auto}"
     "figcaption{font-size:13px;color:#444;margin-top:4px}img{max-width:100%}"
     "dl{font-size:13px}dt{font-weight:600;margin-top:6px}dd{margin-left:16px;color:#444}"
     ".headline{background:#f6f8fa;border:1px solid #d0d7de;border-radius:6px;padding:4px 16px;margin:8px 0 16px}"
     ".lead{font-size:18px}.measures{columns:2 260px;font-size:14px}"
     "#provenance td{text-align:left;overflow-wrap:anywhere}"
-    ".scroll{overflow-x:auto;max-width:100%}"
+    ".scroll{overflow-x:auto;max-width:100%}.nowrap,#table-tasks td{white-space:nowrap}"
+    ".board td,.board th{padding:3px 4px;font-size:12px}.board .interval{color:#555}"
     "@media (max-width:600px){figure{max-width:100%;margin:8px 0}}"
 )
 

@@ -20,6 +20,7 @@ from hashdist.report.document import Evaluation
 from hashdist.report.evaluation import (
     CITATIONS,
     REPORT_MARKER,
+    dataset_name,
     definitions,
     format_table,
     provenance,
@@ -27,6 +28,7 @@ from hashdist.report.evaluation import (
     tables,
 )
 from hashdist.report.render import (
+    PROVENANCE_CAPTION,
     Figure,
     draw_figures,
     fmt,
@@ -102,14 +104,24 @@ def format_tasks_table(report: dict) -> str:
     return "\n\n".join(parts)
 
 
+# each task's line: its own colour, line style and marker (hollow after the first), so that curves lying on top
+# of each other stay apart
+TASK_STYLES = (dict(ls="-", marker="o", ms=4), dict(ls="--", marker="s", ms=6, mfc="none"),
+               dict(ls=":", marker="^", ms=6, mfc="none"), dict(ls="-.", marker="D", ms=5, mfc="none"))
+
+
+def task_style(i: int) -> dict:
+    return TASK_STYLES[i % len(TASK_STYLES)]
+
+
 def _curves(plt, report, key: str):
     """Each task's precision-recall curve ``metrics[key]`` in one plot."""
     fig, ax = plt.subplots(figsize=(5, 4))
-    for task, sub in report["tasks"].items():
+    for i, (task, sub) in enumerate(report["tasks"].items()):
         curve = sub["metrics"][key]
-        ax.plot([p["recall"] for p in curve], [p["precision"] for p in curve], marker="o", ms=3, clip_on=False,
-                label=task_label(task))
-    ax.legend(fontsize=8)
+        ax.plot([p["recall"] for p in curve], [p["precision"] for p in curve], clip_on=False,
+                label=task_label(task), **task_style(i))
+    ax.legend(fontsize=9)
     return fig, ax
 
 
@@ -129,17 +141,45 @@ def _pr_by_rank_both(plt, report, per_query, bucket_sizes):
 
 def _precision_at_n_both(plt, report, per_query, bucket_sizes):
     fig, ax = plt.subplots(figsize=(5, 4))
-    for task, sub in report["tasks"].items():
+    for i, (task, sub) in enumerate(report["tasks"].items()):
         m = sub["metrics"]["precision_at_n"]
         cutoffs = [int(n) for n in m]
-        ax.plot(cutoffs, [m[str(n)]["expected"] for n in cutoffs], marker="o", ms=3, label=task_label(task))
+        ax.plot(cutoffs, [m[str(n)]["expected"] for n in cutoffs], label=task_label(task), **task_style(i))
     ax.set(xscale="log", xlabel="cut-off N", ylabel="P@N (macro, expected)", title="precision against N, per task",
            ylim=(0, 1.05))
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=9)
+    return fig
+
+
+def _intervals_both(plt, report, per_query, bucket_sizes):
+    """Each task's tie interval of each headline measure that has one: worst to best as a bar, expected as a
+    marker in the task's style, the tasks of a measure side by side."""
+    tasks = list(report["tasks"])
+    per_task = {t: dict(headline_rows(report["tasks"][t]["metrics"])) for t in tasks}
+    labels = [label for label in per_task[tasks[0]]
+              if any(per_task[t][label]["worst"] != per_task[t][label]["best"] for t in tasks)]
+    if not labels:
+        return None
+    fig, ax = plt.subplots(figsize=(6.5, 0.25 * len(labels) * len(tasks) + 0.3 * len(labels) + 1.6))
+    step = 1.0 / (len(tasks) + 1)
+    for i, task in enumerate(tasks):
+        ys = [len(labels) - 0.5 - j + ((len(tasks) - 1) / 2 - i) * step for j in range(len(labels))]
+        values = [per_task[task][label] for label in labels]
+        ax.hlines(ys, [v["worst"] for v in values], [v["best"] for v in values], lw=5, color=f"C{i}", alpha=0.35)
+        style = {k: v for k, v in task_style(i).items() if k != "ls"}
+        ax.plot([v["expected"] for v in values], ys, ls="none", color=f"C{i}", label=task_label(task), **style)
+    ax.set(yticks=[len(labels) - 0.5 - j for j in range(len(labels))], yticklabels=labels, xlim=(0, 1.32),
+           xticks=[0, 0.25, 0.5, 0.75, 1],
+           ylim=(0, len(labels)), xlabel="expected over tie orders (marker), worst to best order (bar)",
+           title="How far the order of tied items can move each headline measure, per task")
+    ax.legend(fontsize=9, loc="center right")  # right of 1, where no value lies
     return fig
 
 
 TASK_FIGURES = {
+    "map_interval": Figure(_intervals_both, "Each headline measure under ties, per task: any tie-breaking rule gives "
+                           "a value between worst (relevant items last in each tie group) and best (first); "
+                           "expected, the value to publish, is the exact mean over all tie orders.", wide=True),
     "pr_curves": Figure(_pr_both, "Micro precision-recall curves over Hamming radii 0..B, one per task: TP, FP and "
                         "FN summed over the evaluated queries at each radius (independent of the tie order)."),
     "pr_curves_by_rank": Figure(_pr_by_rank_both, "Precision-recall curves by rank, one per task: (R@N, P@N) over "
@@ -152,19 +192,25 @@ TASK_FIGURES = {
 def _lead(report: dict) -> str:
     d = report["dataset"]
     label = next(iter(report["task_mean"]))
-    values = ", ".join(f"{task_label(t)} <b>{fmt(dict(headline_rows(r['metrics']))[label]['expected'])}</b>"
-                       for t, r in report["tasks"].items())
-    mean = report["task_mean"][label]["expected"]
+
+    def value(v):
+        return f"<b>{fmt(v['expected'])}</b>" + (f" [{fmt(v['worst'])}, {fmt(v['best'])}]"
+                                                  if v["worst"] != v["best"] else "")
+
+    values = "; ".join(f"<span class='nowrap'>{task_label(t)} {value(dict(headline_rows(r['metrics']))[label])}"
+                       "</span>" for t, r in report["tasks"].items())
+    mean = report["task_mean"][label]
     return (f"<section class='headline'><p>{d['n_queries']:,} queries x {d['n_database']:,} database items, "
             f"{d['nbits']}-bit codes, {html.escape(str(d['relevance']))} relevance, {len(report['tasks'])} tasks."
-            f"</p><p class='lead'>{html.escape(label)}: {values}; mean <b>{fmt(mean)}</b> (expected over all "
-            "orders of tied items; the table gives each value's [worst, best] order).</p></section>")
+            f"</p><p class='lead'>{html.escape(label)}: {values}; <span class='nowrap'>mean {value(mean)}</span>: "
+            "expected over all orders of tied items [worst, best order]; publish expected.</p></section>")
 
 
 def render_tasks_html(report: dict, images: dict[str, str]) -> str:
     """The page of a run over tasks: the headline side by side, the curves of every task in one figure each,
     then each task's tables, the definitions and the provenance."""
-    head = f"<h1>hashdist report: {html.escape(' / '.join(map(task_label, report['tasks'])))}</h1>{_lead(report)}"
+    title = f"hashdist report: {dataset_name(report)} ({', '.join(map(task_label, report['tasks']))})"
+    head = f"<h1>{html.escape(title)}</h1>{_lead(report)}"
     body = html_table(*tasks_headline(report), "table-tasks")
     for i, (task, sub) in enumerate(report["tasks"].items()):
         body += f"<h3>{html.escape(task_label(task))}</h3>" + "".join(
@@ -173,8 +219,8 @@ def render_tasks_html(report: dict, images: dict[str, str]) -> str:
     figures = html_figures(TASK_FIGURES, images)
     glossary = html_definitions(definitions(next(iter(report["tasks"].values()))))
     sources = "<ol>" + "".join(f"<li>{html.escape(c)}</li>" for c in CITATIONS) + "</ol>"
-    prov = html_table("Provenance", ["what", "value"], provenance_rows(report), "provenance")
-    return page("hashdist report: " + ", ".join(map(task_label, report["tasks"])),
+    prov = html_table(PROVENANCE_CAPTION, ["what", "value"], provenance_rows(report), "provenance")
+    return page(title,
                 f"{head}<h2>Metrics</h2>{body}<h2>Plots</h2>{figures}<h2>Definitions</h2>{glossary}"
                 f"<p>The definitions in full: docs/metrics.md and docs/cross-modal.md. Sources:</p>{sources}"
                 f"<h2>Provenance</h2>{prov}")

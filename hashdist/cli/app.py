@@ -454,8 +454,10 @@ def _check_history_option(a):
     from pathlib import Path
 
     from hashdist.compare.history import check_history_dir
+    from hashdist.data.atomic import check_lock_path
 
     check_history_dir(a.history)
+    check_lock_path(a.history)
     history, out = Path(a.history).absolute(), Path(a.out).absolute()
     if history == out or out in history.parents:
         raise InputError(f"--history {a.history}: inside --out {a.out}, which each run replaces; put the history "

@@ -87,7 +87,7 @@ from hashdist.report.comparison import (
     per_run_labels,
 )
 
-_NAME = re.compile(r"^[A-Za-z0-9_.+-]+(@[A-Za-z0-9_.+-]+)?$")
+_NAME = re.compile(r"[A-Za-z0-9_.+-]+(@[A-Za-z0-9_.+-]+)?")  # the whole name (fullmatch: no trailing newline)
 
 
 def _per_query_values(r: int) -> dict[str, str]:
@@ -128,7 +128,7 @@ def parse_methods(specs) -> list[Method]:
         name, sep, dataset = str(spec).partition("=")
         if not sep or not dataset:
             raise InputError(f"--method {spec}: expected NAME=DATASET, or NAME=DATASET,DATASET,... (one per run)")
-        if not _NAME.match(name):
+        if not _NAME.fullmatch(name):
             raise InputError(f"--method {spec}: NAME must be letters, digits or _.+- with an optional @TAG")
         if any(m.name == name for m in methods):
             raise InputError(f"--method {spec}: the name {name} is used twice")

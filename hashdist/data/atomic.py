@@ -7,6 +7,7 @@ write leaves the previous complete output (or none), and two runs never write th
 same output at once.
 """
 
+import asyncio
 import contextlib
 import errno
 import fcntl
@@ -14,6 +15,7 @@ import json
 import os
 import shutil
 import stat
+import sys
 import threading
 import time
 import uuid
@@ -253,6 +255,40 @@ def _remove_new(paths) -> None:
             return
 
 
+SETTLE_S = 30.0  # at most this long for the writes an interrupted Zarr call still runs in zarr's IO thread
+REMOVE_TRIES = 20  # removals of a staged directory a late write made again, 0.1 s apart
+
+
+def _settle_zarr_writes(timeout: float = SETTLE_S) -> None:
+    """Wait up to ``timeout`` seconds for the tasks on zarr's IO event loop to end. A signal (Ctrl-C, SIGTERM)
+    interrupts only the main thread's wait for a Zarr write: the write goes on in zarr's IO thread, and a chunk
+    it stores after the staged directory was removed would make that directory again."""
+    sync = sys.modules.get("zarr.core.sync")  # never imports zarr: without it there is nothing to wait for
+    loop = getattr(sync, "loop", [None])[0]
+    if loop is None or loop.is_closed() or not loop.is_running():
+        return
+
+    async def the_others():
+        current = asyncio.current_task()
+        pending = [task for task in asyncio.all_tasks() if task is not current]
+        if pending:
+            await asyncio.wait(pending, timeout=timeout)
+
+    with contextlib.suppress(Exception):
+        asyncio.run_coroutine_threadsafe(the_others(), loop).result(timeout + 1.0)
+
+
+def remove_staged(tmp: Path) -> None:
+    """Remove a staged directory whose writer failed or was interrupted, once the writes still running for it
+    (:func:`_settle_zarr_writes`) have ended; again while a late write makes it anew (bounded)."""
+    _settle_zarr_writes()
+    for _ in range(REMOVE_TRIES):
+        shutil.rmtree(tmp, ignore_errors=True)
+        time.sleep(0.1)
+        if not os.path.lexists(tmp):
+            return
+
+
 _KEPT = "nothing was written (an earlier version stays as it was)"
 
 
@@ -273,7 +309,7 @@ def staged_directory(final, *, lock: bool = True) -> Iterator[Path]:
             yield tmp
             replace_directory(tmp, final)
         except BaseException as exc:
-            shutil.rmtree(tmp, ignore_errors=True)
+            remove_staged(tmp)
             if isinstance(exc, OSError) and exc.errno in NO_ROOM:
                 raise write_failed(exc, final, "while writing it", _KEPT) from exc
             raise

@@ -806,7 +806,8 @@ def main(argv=None, server=None, collector_paused: bool = False) -> int:
                 import traceback
 
                 traceback.print_exc()
-            sys.stderr.write(f"hashdist {args.command}: error: {exc}\n")
+            one_line = str(exc).replace("\r", "\\r").replace("\n", "\\n")  # a name that carried a newline
+            sys.stderr.write(f"hashdist {args.command}: error: {one_line}\n")
             return exc.exit_status
         except BaseException as exc:
             if (ending := signals.ending(exc)) is None:

@@ -129,7 +129,8 @@ def parse_methods(specs) -> list[Method]:
         if not sep or not dataset:
             raise InputError(f"--method {spec}: expected NAME=DATASET, or NAME=DATASET,DATASET,... (one per run)")
         if not _NAME.fullmatch(name):
-            raise InputError(f"--method {spec}: NAME must be letters, digits or _.+- with an optional @TAG")
+            shown = spec if str(spec).isprintable() else repr(str(spec))
+            raise InputError(f"--method {shown}: NAME must be letters, digits or _.+- with an optional @TAG")
         if any(m.name == name for m in methods):
             raise InputError(f"--method {spec}: the name {name} is used twice")
         method = Method(name, dataset)

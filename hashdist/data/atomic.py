@@ -4,7 +4,8 @@ Every writer of an output directory uses :func:`staged_directory`: it holds the
 output's advisory lock, builds the new version in a hidden temporary sibling and
 renames it into place only when the body finished, so an interrupted or failed
 write leaves the previous complete output (or none), and two runs never write the
-same output at once.
+same output at once. :func:`check_output` decides, before any work, whether an output
+may be written: hashdist replaces only what it wrote (docs/errors.md, "Overwriting").
 """
 
 import asyncio

@@ -155,15 +155,16 @@ def check_lock_path(target) -> None:
         raise _not_regular(lock, mode)
 
 
-def _open_lock(lock: Path) -> int:
-    """A descriptor of the regular file ``lock`` (made if missing, mode 0600), never through a link."""
+def _open_lock(target: Path, lock: Path) -> int:
+    """A descriptor of the regular file ``lock`` (made if missing, mode 0600), never through a link; an InputError
+    naming ``target`` when it cannot be made."""
     try:
         fd = os.open(lock, LOCK_FLAGS, 0o600)
     except OSError as exc:
         with contextlib.suppress(OSError):
             if exc.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
                 raise _not_regular(lock, os.lstat(lock).st_mode) from None
-        raise InputError(f"{lock.parent}: cannot write there ({exc.strerror}: {exc.filename})") from None
+        raise InputError(f"{target}: cannot write there ({exc.strerror}: {exc.filename})") from None
     mode = os.fstat(fd).st_mode
     if not stat.S_ISREG(mode):
         os.close(fd)
@@ -187,7 +188,7 @@ def _locked_fd(target: Path, lock: Path, wait: float, busy: str | None) -> int:
     deadline = time.monotonic() + wait
     replaced = 0
     while True:
-        fd = _open_lock(lock)
+        fd = _open_lock(target, lock)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

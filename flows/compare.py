@@ -114,7 +114,7 @@ def run_comparison(methods, *, out=None, overwrite: bool = False, tables=(), opt
                                                           ExecutionOptions)
     options = options or CompareOptions(**compare_keywords)
     execution = execution or ExecutionOptions(**execution_keywords)
-    checked = checked or validate(methods, options, out, overwrite)
+    checked = checked or validate(methods, options, out, execution.cache)
     with handed_over(checked) as key, \
             api_for_workers(execution.address, execution.cluster_class, execution.cluster_kwargs):
         return compare(methods=[str(m) for m in methods], options=options, out=None if out is None else str(out),

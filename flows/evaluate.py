@@ -57,6 +57,7 @@ from flows.runtime import (
     task_runner,
     workers_in_this_process,
 )
+from hashdist.defaults import cache_in_use
 from hashdist.engine import precompile
 from hashdist.engine.cache import resolve_cache
 from hashdist.engine.compute import count_codes, run_blocks
@@ -67,6 +68,7 @@ from hashdist.errors import InputError
 from hashdist.options import EvaluateOptions, ExecutionOptions, PreparedRun, split_keywords
 from hashdist.progress import advance, phase, progress_bar
 from hashdist.report.document import Evaluation, build_report
+from hashdist.report.evaluation import check_output_dir
 from hashdist.report.tasks import combine_tasks, work_line
 
 # pairs one histogram task may take (a few seconds of one core): the floor on task count for huge runs
@@ -316,6 +318,8 @@ def run_evaluation(dataset, *, out=None, overwrite: bool = False, html: bool = T
                                                            ExecutionOptions)
     options = options or EvaluateOptions(**evaluate_keywords)
     execution = execution or ExecutionOptions(**execution_keywords)
+    if out is not None:
+        check_output_dir(out, (dataset, options.bit_weights), cache_in_use(execution.cache))
     if history is not None:
         from hashdist.compare.history import check_history_dir
 

@@ -117,7 +117,7 @@ def run_compare(specs, options: CompareOptions, evaluate, *, out=None, overwrite
     with ``out``, write comparison.json and .html there (and ``tables``: "latex", "markdown", the leaderboard as a
     table for a paper). ``checked``: the inputs already checked by the caller (the CLI), not checked again;
     ``on_compared()``, if given, is called once the comparison is built, before it is written."""
-    checked = checked or validate(specs, options, out, overwrite)
+    checked = checked or validate(specs, options, out)
     comparison, occupancy = compare_checked(checked, options, evaluate)
     if on_compared is not None:
         on_compared()
@@ -134,6 +134,7 @@ def compare(specs, *, cache=None, out=None, overwrite: bool = False, tables=(), 
     its fields as keywords (k, radius, permutations, bootstrap, seed, tasks: on datasets with modalities, the
     tasks ``a->b`` compared, default their cross tasks). ``cache`` as for :func:`evaluate`."""
     options = options_of("compare", options, keywords, CompareOptions)
+    checked = checked or validate(specs, options, out, cache)
     return run_compare(specs, options, lambda run: evaluate_prepared(run, cache, None, False, time.time()), out=out,
                        overwrite=overwrite, tables=tables, checked=checked)
 

@@ -21,6 +21,14 @@ DEFAULT_SEED = 0  # seed of the tests and the bootstrap
 DEFAULT_ALPHA = 0.05  # significance level of history's drop test
 
 
+def cache_in_use(cache) -> list[tuple[str, str]]:
+    """[("the block cache", its directory)] of a cache setting (None or True: the per-user one; a path), [] for
+    False (no cache): what an output must not hold or lie inside."""
+    if cache is False:
+        return []
+    return [("the block cache", str(default_cache_dir() if cache is None or cache is True else cache))]
+
+
 def default_cache_dir() -> Path:
     """Per-user cache shared by all runs: $HASHDIST_CACHE, else $XDG_CACHE_HOME/hashdist, else ~/.cache/hashdist."""
     if os.environ.get("HASHDIST_CACHE"):

@@ -48,7 +48,7 @@ from hashdist.served.lists import check_width, parse_served, read_served, split_
 from hashdist.served.measures import ORDERS
 
 _NUMBER = (int, float, np.integer, np.floating)
-_HASHTABLE = re.compile(r"^\s*(\d+)\s*[xX]\s*(\d+)\s*$")
+_HASHTABLE = re.compile(r"\s*(\d+)\s*[xX]\s*(\d+)\s*")  # the whole setting (fullmatch)
 ConventionName = Literal[tuple(BY_NAME)]  # type: ignore[valid-type]
 ProtocolName = Literal[tuple(p.name for p in PROTOCOLS)]  # type: ignore[valid-type]
 
@@ -305,7 +305,7 @@ def _check_against(params: MetricParams, nbits: int) -> None:
 
 def parse_hashtable(spec: str, nbits: int | None = None) -> tuple[int, int]:
     """``"KxL"`` (bits per substring x number of tables) to (K, L); with ``nbits``, also check K*L <= B."""
-    match = _HASHTABLE.match(str(spec))
+    match = _HASHTABLE.fullmatch(str(spec))
     if not match or int(match[1]) < 1 or int(match[2]) < 1:
         raise InputError(f"hashtable {spec!r}: expected KxL with positive integers, e.g. 8x4 (K bits, L tables)")
     k_bits, n_tables = int(match[1]), int(match[2])

@@ -141,7 +141,8 @@ def _add_ingest(sub):
     p.add_argument("--run", type=int, help="with --splits: the run index, 0..T-1")
     p.add_argument("--validation", action="store_true",
                    help="with --splits: the validation queries and validation database instead of the test pair")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing dataset at --out")
+    p.add_argument("--overwrite", action="store_true", help="replace a dataset hashdist wrote at --out (nothing else "
+                   "is ever replaced)")
     p.add_argument("--out", required=True, metavar="DATASET.zarr", help="the dataset to write (a Zarr directory)")
 
 
@@ -242,7 +243,8 @@ def _add_synth(sub):
     p.add_argument("--seed", type=int, default=0, help="seed of every random draw (default 0): the same seed, the "
                    "same dataset")
     p.add_argument("--chunk-rows", type=int, help="database rows per Zarr chunk (default 65536)")
-    p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
+    p.add_argument("--overwrite", action="store_true", help="replace what hashdist wrote at --out (a dataset, or with "
+                   "--pooled a pooled directory; nothing else is ever replaced)")
     p.add_argument("--pooled", action="store_true",
                    help="write every item unsplit to --out DIR as codes.npy and labels.npy (for hashdist split "
                    "and ingest --splits); the size is --n-database plus --n-queries")
@@ -381,7 +383,8 @@ def _add_evaluate(sub):
     _add_execution_options(p)
     p.add_argument("--no-html", action="store_true", help="skip report.html")
     p.add_argument("--json", action="store_true", help="print report.json instead of the table")
-    p.add_argument("--overwrite", action="store_true", help="replace DIR even if it is not a hashdist report")
+    p.add_argument("--overwrite", action="store_true", help="accepted for older scripts: a previous report at DIR "
+                   "is replaced anyway, and nothing else ever is (docs/errors.md, Overwriting)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--history", metavar="HISTORY",
                    help="also append this run to the history store HISTORY (created if missing) and compare it with "
@@ -399,12 +402,13 @@ def _run_evaluate(a):
 
 def _check_evaluate(a):
     """--out, --history, the execution options, then the options against the dataset: the run, checked once."""
+    from hashdist.defaults import cache_in_use
     from hashdist.report.evaluation import check_output_dir
 
-    check_output_dir(a.out, a.overwrite, (a.dataset, a.bit_weights))
+    a.execution = _execution(a)
+    check_output_dir(a.out, (a.dataset, a.bit_weights), cache_in_use(a.execution.cache))
     if a.history is not None:
         _check_history_option(a)
-    a.execution = _execution(a)
     a.options = from_args(EvaluateOptions, a)
     a.prepared = a.options.resolve_tasks(a.dataset)
     if a.history is not None and a.prepared[0].plan.task is not None:
@@ -480,8 +484,10 @@ def _check_history_option(a):
     from pathlib import Path
 
     from hashdist.compare.history import check_history_dir
+    from hashdist.data.atomic import check_lock_path
 
     check_history_dir(a.history)
+    check_lock_path(a.history)
     history, out = Path(a.history).absolute(), Path(a.out).absolute()
     if history == out or out in history.parents:
         raise InputError(f"--history {a.history}: inside --out {a.out}, which each run replaces; put the history "
@@ -534,7 +540,8 @@ def _add_compare(sub):
                    help="also write DIR/leaderboard.tex: the leaderboard as a LaTeX table for a paper (best in bold, "
                    "a dagger where the order depends on tie-breaking, the convention in the caption)")
     p.add_argument("--markdown", action="store_true", help="also write DIR/leaderboard.md, the same table in Markdown")
-    p.add_argument("--overwrite", action="store_true", help="replace DIR even if it is not a hashdist comparison")
+    p.add_argument("--overwrite", action="store_true", help="accepted for older scripts: a previous comparison at DIR "
+                   "is replaced anyway, and nothing else ever is (docs/errors.md, Overwriting)")
 
 
 def _check_compare(a):
@@ -543,7 +550,7 @@ def _check_compare(a):
 
     a.execution = _execution(a)
     a.options = from_args(CompareOptions, a)
-    a.checked = validate(a.method, a.options, a.out, a.overwrite)
+    a.checked = validate(a.method, a.options, a.out, a.execution.cache)
 
 
 def _run_compare(a):
@@ -753,7 +760,8 @@ def _add_history(sub):
         "over the runs with its tie interval, and the table.",
     )
     p.add_argument("history", metavar="HISTORY", help="a history store written by evaluate --history")
-    p.add_argument("--out", metavar="PAGE.html", help="where to write the page (default HISTORY/history.html)")
+    p.add_argument("--out", metavar="PAGE.html", help="where to write the page (default HISTORY/history.html): a new "
+                   "file or a page this command wrote, outside the store")
     p.add_argument("--no-html", action="store_true", help="write no page")
     p.add_argument("--json", action="store_true", help="print the trend as JSON instead of the table")
     p.add_argument("--alpha", type=float, default=DEFAULT_ALPHA, help=f"significance level (default {DEFAULT_ALPHA})")
@@ -768,16 +776,16 @@ def _add_history(sub):
 def _run_history(a):
     from pathlib import Path
 
-    from hashdist.compare.history import trend
+    from hashdist.compare.history import check_history_dir, trend
     from hashdist.report.evaluation import json_safe
-    from hashdist.report.history import format_trend, write_history_html
+    from hashdist.report.history import DEFAULT_PAGE, check_history_page, format_trend, write_history_html
 
-    result = trend(a.history, alpha=a.alpha, permutations=a.permutations, seed=a.seed, min_drop=a.min_drop)
+    check_history_dir(a.history, must_exist=True)
     page = None
     if not a.no_html:
-        page = Path(a.out) if a.out else Path(a.history) / "history.html"
-        if page.is_dir() or not page.parent.is_dir():
-            raise InputError(f"--out {page}: not a file in an existing directory")
+        page = check_history_page(Path(a.out) if a.out else Path(a.history) / DEFAULT_PAGE, a.history)
+    result = trend(a.history, alpha=a.alpha, permutations=a.permutations, seed=a.seed, min_drop=a.min_drop)
+    if page is not None:
         write_history_html(page, result)
     if a.json:
         return json.dumps(json_safe({**result, "html": None if page is None else str(page)}), indent=2)
@@ -885,7 +893,8 @@ def main(argv=None, server=None, collector_paused: bool = False) -> int:
                 import traceback
 
                 traceback.print_exc()
-            sys.stderr.write(f"hashdist {args.command}: error: {exc}\n")
+            one_line = str(exc).replace("\r", "\\r").replace("\n", "\\n")  # a name that carried a newline
+            sys.stderr.write(f"hashdist {args.command}: error: {one_line}\n")
             return exc.exit_status
         except BaseException as exc:
             if (ending := signals.ending(exc)) is None:

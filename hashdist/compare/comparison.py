@@ -68,6 +68,7 @@ from typing import NamedTuple
 import numpy as np
 
 from hashdist.data.dataset import Dataset, chunk_digest, combine_digests, open_dataset, parse_task
+from hashdist.defaults import cache_in_use
 from hashdist.errors import InputError
 from hashdist.metrics.registry import AP_EXPECTED, BY_KEY, headline_rows, per_query_key
 from hashdist.metrics.stats import (
@@ -86,7 +87,7 @@ from hashdist.report.comparison import (
     per_run_labels,
 )
 
-_NAME = re.compile(r"^[A-Za-z0-9_.+-]+(@[A-Za-z0-9_.+-]+)?$")
+_NAME = re.compile(r"[A-Za-z0-9_.+-]+(@[A-Za-z0-9_.+-]+)?")  # the whole name (fullmatch: no trailing newline)
 
 
 def _per_query_values(r: int) -> dict[str, str]:
@@ -127,8 +128,9 @@ def parse_methods(specs) -> list[Method]:
         name, sep, dataset = str(spec).partition("=")
         if not sep or not dataset:
             raise InputError(f"--method {spec}: expected NAME=DATASET, or NAME=DATASET,DATASET,... (one per run)")
-        if not _NAME.match(name):
-            raise InputError(f"--method {spec}: NAME must be letters, digits or _.+- with an optional @TAG")
+        if not _NAME.fullmatch(name):
+            shown = spec if str(spec).isprintable() else repr(str(spec))
+            raise InputError(f"--method {shown}: NAME must be letters, digits or _.+- with an optional @TAG")
         if any(m.name == name for m in methods):
             raise InputError(f"--method {spec}: the name {name} is used twice")
         method = Method(name, dataset)
@@ -380,9 +382,10 @@ def comparison_tasks(methods: list[Method], datasets: list[list[Dataset]], optio
     return tuple(tasks)
 
 
-def validate(specs, options: CompareOptions, out=None, overwrite: bool = False) -> CheckedComparison:
+def validate(specs, options: CompareOptions, out=None, cache=False) -> CheckedComparison:
     """Check every input before anything is evaluated: the methods, their datasets (the same ground truth, once),
-    the tasks of datasets with modalities, each dataset (each task's view) against the options, and ``out``."""
+    the tasks of datasets with modalities, each dataset (each task's view) against the options, and ``out`` (apart
+    from the datasets and from the block ``cache``, a setting as for :func:`hashdist.api.evaluate`)."""
     methods, datasets = open_methods(specs)
     tasks = comparison_tasks(methods, datasets, options)
     evaluate_options = options.evaluate_options
@@ -393,7 +396,7 @@ def validate(specs, options: CompareOptions, out=None, overwrite: bool = False) 
     else:
         runs = {None: [[evaluate_options.resolve(ds.url) for ds in dss] for dss in datasets]}
     if out is not None:
-        check_comparison_dir(out, overwrite, [ds.url for runs in datasets for ds in runs])
+        check_comparison_dir(out, [ds.url for runs in datasets for ds in runs], cache_in_use(cache))
     return CheckedComparison(methods, datasets, runs)
 
 

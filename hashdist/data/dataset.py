@@ -44,7 +44,7 @@ import numpy as np
 import zarr
 from zarr.codecs import Crc32cCodec, ZstdCodec
 
-from hashdist.data.atomic import exclusive, staged_directory
+from hashdist.data.atomic import check_output, exclusive, read_marker, staged_directory
 from hashdist.data.bits import first_wide_row, n_words
 from hashdist.defaults import DEFAULT_CHUNK_ROWS, DEFAULT_QUERY_CHUNK_ROWS
 from hashdist.errors import InputError
@@ -62,6 +62,11 @@ FEATURES = ("database/features", "queries/features")
 
 def _compressors():
     return (ZstdCodec(level=3), Crc32cCodec())
+
+
+def is_dataset(path: Path) -> bool:
+    """Whether ``path`` is a directory hashdist wrote as a dataset (its zarr.json carries the format marker)."""
+    return read_marker(path / "zarr.json", "attributes", "format") == FORMAT
 
 
 def _is_local(url: str) -> bool:
@@ -486,9 +491,7 @@ class DatasetWriter:
         self.extra_attrs = dict(extra_attrs or {})
         self._stage = ExitStack()  # the staged directory of a local output: renamed into place by close()
         if _is_local(self.url):
-            final = _local_path(self.url)
-            if final.exists() and not overwrite:
-                raise InputError(f"{self.url}: output exists (pass --overwrite to replace it)")
+            final = check_output(_local_path(self.url), "dataset", is_dataset, overwrite=overwrite)
             store = str(self._stage.enter_context(staged_directory(final)))
         else:
             store = self.url

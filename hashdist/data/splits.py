@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 import zarr
 
-from hashdist.data.atomic import check_apart, staged_directory
+from hashdist.data.atomic import check_apart, check_output, read_marker, staged_directory
 from hashdist.data.dataset import _create_rows_array, missing_chunk
 from hashdist.data.inputs import load_array
 from hashdist.errors import InputError, check_integer, is_integer
@@ -285,15 +285,8 @@ def _plan_of(strategy: str, per_run: list, n: int) -> tuple[dict, int]:
 def _write(out, attrs: dict, items, overwrite: bool) -> None:
     """Write the store atomically (staged sibling, output lock); refuses an existing output unless ``overwrite``
     and never replaces anything but a splits store."""
-    final = Path(out)
+    final = check_output(out, "splits store", _is_store, overwrite=overwrite)
     with staged_directory(final) as tmp:
-        if final.exists():
-            if not overwrite:
-                raise InputError(f"{out}: output exists (pass --overwrite to replace it)")
-            try:
-                _open(final)
-            except InputError:
-                raise InputError(f"{out}: exists and is not a hashdist splits store; refusing to replace it") from None
         group = zarr.open_group(store=str(tmp), mode="w", zarr_format=3)
         for strategy, t, sets in items:
             for role, idx in sets.items():
@@ -302,6 +295,11 @@ def _write(out, attrs: dict, items, overwrite: bool) -> None:
                 arr.resize((len(idx),))
                 arr[:] = idx
         group.attrs.update(attrs)
+
+
+def _is_store(path: Path) -> bool:
+    """Whether ``path`` is a directory hashdist wrote as a splits store (its zarr.json carries the marker)."""
+    return read_marker(path / "zarr.json", "attributes", "format") == FORMAT
 
 
 def _open(path) -> zarr.Group:

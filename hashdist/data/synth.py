@@ -27,11 +27,12 @@ features (``hashdist groundtruth``).
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
 
-from hashdist.data.atomic import check_apart, staged_directory
+from hashdist.data.atomic import check_apart, check_output, read_marker, staged_directory
 from hashdist.data.bits import n_words, pack_bits, unpack_bits
 from hashdist.data.dataset import (
     DEFAULT_CHUNK_ROWS,
@@ -343,12 +344,19 @@ def _synth_record(n_database: int, n_queries: int, o: dict) -> tuple[dict, tuple
     return params, relevance, n_labels
 
 
+POOLED_FORMAT = "hashdist-pooled"  # the marker of a pooled directory (synth --pooled), which --overwrite replaces
+POOLED_MARKER_FILE = "hashdist.json"
+
+
+def _is_pooled(path: Path) -> bool:
+    return read_marker(path / POOLED_MARKER_FILE, "format") == POOLED_FORMAT
+
+
 def _write_pooled(out, n: int, nbits: int, label_shape: tuple, label_dtype, blocks, overwrite: bool) -> str:
     """DIR/codes.npy ((n, nbits) uint8 0/1) and DIR/labels.npy from (code bits, labels) row blocks, staged."""
-    out = Path(out)
-    if out.exists() and not overwrite:
-        raise InputError(f"{out}: output exists (pass --overwrite to replace it)")
+    out = check_output(out, "pooled directory", _is_pooled, overwrite=overwrite)
     with staged_directory(out) as tmp:
+        (tmp / POOLED_MARKER_FILE).write_text(json.dumps({"format": POOLED_FORMAT, "n_items": n, "nbits": nbits}))
         codes = np.lib.format.open_memmap(tmp / "codes.npy", mode="w+", dtype=np.uint8, shape=(n, nbits))
         labels = np.lib.format.open_memmap(tmp / "labels.npy", mode="w+", dtype=label_dtype, shape=(n, *label_shape))
         start = 0

@@ -46,11 +46,11 @@ from hashdist.report.tasks import PRINTED_ARROW, task_label
 COMPARISON_MARKER = "hashdist-comparison"
 
 
-def check_comparison_dir(out, overwrite: bool, inputs=()) -> Path:
-    """Refuse an existing directory that is not a previous comparison, unless overwrite, and one that overlaps
-    an input path (a method's dataset)."""
-    return check_replaceable_dir(out, overwrite, inputs, what="comparison", marker_file="comparison.json",
-                                 marker=COMPARISON_MARKER)
+def check_comparison_dir(out, inputs=(), kept=()) -> Path:
+    """Refuse an ``out`` that is not new, empty or a previous comparison (which a rerun replaces), and one that
+    overlaps an input path (a method's dataset) or the block cache (``kept``)."""
+    return check_replaceable_dir(out, inputs, what="comparison", marker_file="comparison.json",
+                                 marker=COMPARISON_MARKER, kept=kept)
 
 
 def write_comparison(out, comparison: dict, occupancy: dict, *, overwrite: bool = False,
@@ -60,7 +60,7 @@ def write_comparison(out, comparison: dict, occupancy: dict, *, overwrite: bool 
     from hashdist.report.evaluation import json_safe
 
     out = Path(out)
-    with staged_directory(check_comparison_dir(out, overwrite)) as tmp:
+    with staged_directory(check_comparison_dir(out)) as tmp:
         comparison["outputs"] = {"comparison_json": str(out / "comparison.json"),
                                  "comparison_html": str(out / "comparison.html")}
         for kind in tables:

@@ -63,7 +63,8 @@ class Evaluation:
     verdict: dict | None = None  # a run recorded in a history store: its test against the run before it
 
     def write(self, out, *, overwrite: bool = False, html: bool = True, started_at: float | None = None):
-        """Write report.json, per_query.zarr and report.html into ``out`` (atomically).
+        """Write report.json, per_query.zarr and report.html into ``out`` (atomically): a new path, an empty
+        directory or a previous report (``overwrite`` is accepted for older callers and replaces nothing else).
 
         With ``started_at`` (a time.time() value), record write_s and the final wall_s.
         """

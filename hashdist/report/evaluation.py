@@ -444,11 +444,11 @@ def render_html(report: dict, images: dict[str, str]) -> str:
 PER_QUERY_KEYS = ("relevant", *(f"{m.per_query_name or m.key}/" for m in MEASURES if m.stored_per_query))
 
 
-def check_output_dir(out, overwrite: bool, inputs=()) -> Path:
-    """Refuse an existing directory that is not a previous hashdist report, unless overwrite, and one that
-    overlaps an input path (the dataset)."""
-    return check_replaceable_dir(out, overwrite, inputs, what="report", marker_file="report.json",
-                                 marker=REPORT_MARKER)
+def check_output_dir(out, inputs=(), kept=()) -> Path:
+    """Refuse an ``out`` that is not new, empty or a previous hashdist report (which a rerun replaces), and one
+    that overlaps an input path (the dataset) or the block cache (``kept``)."""
+    return check_replaceable_dir(out, inputs, what="report", marker_file="report.json", marker=REPORT_MARKER,
+                                 kept=kept)
 
 
 def write_per_query(path: Path, per_query: dict) -> None:
@@ -474,7 +474,7 @@ def write_outputs(
     ``finalize(report)``, if given, runs just before report.json is written (to record timings).
     """
     out = Path(out)
-    with staged_directory(check_output_dir(out, overwrite, (report["dataset"]["path"],))) as tmp:
+    with staged_directory(check_output_dir(out, (report["dataset"]["path"],))) as tmp:
         report["outputs"] = {"report_json": str(out / "report.json"), "per_query": str(out / "per_query.zarr"),
                              "report_html": str(out / "report.html") if html else None}
         write_per_query(tmp / "per_query.zarr", per_query)

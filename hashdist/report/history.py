@@ -6,9 +6,13 @@ import html
 import os
 from pathlib import Path
 
-from hashdist.data.atomic import temporary_sibling
-from hashdist.report.render import fmt, html_figure, html_table, page, png, pyplot, text_table
+from hashdist.data.atomic import check_output, temporary_sibling
+from hashdist.errors import InputError
+from hashdist.report.render import fmt, has_page_marker, html_figure, html_table, page, png, pyplot, text_table
 
+DEFAULT_PAGE = "history.html"  # the page's name inside the store when `hashdist history` has no --out
+
+PAGE_MARKER = "hashdist-history-page"  # a page that `hashdist history --out` may replace carries it
 FLAGS = {"first run": "first run", "not comparable": "not comparable"}
 
 
@@ -112,7 +116,7 @@ def render_history_html(trend: dict) -> str:
             f"settings; otherwise not comparable): a significant drop is a two-sided sign-flip randomisation p-value "
             f"below {p['alpha']:g} with a lower mean AP.</p>")
     if not rows:
-        return page(f"hashdist history: {name}", head)
+        return page(f"hashdist history: {name}", head, PAGE_MARKER)
     m = rows[-1]["metrics"]["map"]
     latest = (f"<section class='headline'><p class='lead'>Latest run: mAP <b>{m['expected']:.4f}</b> (any tie order: "
               f"{m['worst']:.4f} to {m['best']:.4f})</p><p id='latest'>Latest: "
@@ -123,7 +127,20 @@ def render_history_html(trend: dict) -> str:
                "on either side are not compared.")
     figure = html_figure("map-trend", plot_map(trend), caption)
     table = html_table(*trend_table(trend), table_id="runs")
-    return page(f"hashdist history: {name}", f"{head}{latest}{figure}{table}")
+    return page(f"hashdist history: {name}", f"{head}{latest}{figure}{table}", PAGE_MARKER)
+
+
+def check_history_page(path, history) -> Path:
+    """Refuse, before any work, a page path that is not new or a previous history page (its marker), or that
+    lies in the store ``history`` (its own ``history.html`` excepted, always a page hashdist wrote there)."""
+    path = Path(path)
+    if path.suffix.lower() not in (".html", ".htm"):
+        raise InputError(f"--out {path}: a history page is an .html file; give a path ending in .html")
+    if path.is_dir() or not path.parent.is_dir():
+        raise InputError(f"--out {path}: not a file in an existing directory")
+    own = path.parent.resolve() == Path(history).resolve() and path.name == DEFAULT_PAGE
+    return check_output(path, "history page", lambda p: own or has_page_marker(p, PAGE_MARKER), overwrite=None,
+                        inputs=() if own else (history,))
 
 
 def write_history_html(path, trend: dict) -> Path:

@@ -6,15 +6,13 @@ from __future__ import annotations
 import base64
 import html
 import io
-import json
 import math
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
-from hashdist.data.atomic import check_apart
-from hashdist.errors import InputError
+from hashdist.data.atomic import check_output, read_head, read_marker
 
 TITLE_CHARS_PER_INCH = 11  # characters of a default-size title per inch of axes
 DPI = 90  # pixels per inch of the pages' figures
@@ -188,25 +186,24 @@ _STYLE = (
 )
 
 
-def page(title: str, body: str) -> str:
-    """A complete self-contained HTML document."""
-    return (f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+def page(title: str, body: str, marker: str | None = None) -> str:
+    """A complete self-contained HTML document; ``marker``: its format, in a ``<meta name="hashdist-format">``
+    at the start (:func:`has_page_marker`), for a page that is a file of its own (a history page)."""
+    meta = "" if marker is None else f"<meta name='hashdist-format' content='{html.escape(marker)}'>"
+    return (f"<!doctype html><html lang='en'><head><meta charset='utf-8'>{meta}<title>{html.escape(title)}</title>"
             f"<style>{_STYLE}</style></head><body>{body}</body></html>")
 
 
-def _is_marked(path: Path, marker: str) -> bool:
-    """Whether ``path`` is a JSON file whose "format" is ``marker``."""
-    try:
-        return path.is_file() and json.loads(path.read_text()).get("format") == marker
-    except Exception:
-        return False
+def has_page_marker(path: Path, marker: str) -> bool:
+    """Whether ``path`` is a regular file (not a link) starting as :func:`page` starts a page with ``marker``."""
+    head = f"<!doctype html><html lang='en'><head><meta charset='utf-8'><meta name='hashdist-format' " \
+           f"content='{html.escape(marker)}'>".encode()
+    return read_head(path, len(head)) == head
 
 
-def check_replaceable_dir(out, overwrite: bool, inputs, *, what: str, marker_file: str, marker: str) -> Path:
-    """Refuse an existing ``out`` that is not a previous hashdist ``what`` directory (its ``marker_file`` with the
-    format ``marker``), unless overwrite, and one that overlaps an input path."""
-    check_apart(out, inputs)
-    out = Path(out)
-    if out.exists() and not overwrite and not _is_marked(out / marker_file, marker):
-        raise InputError(f"{out}: exists and is not a hashdist {what} directory (pass --overwrite to replace it)")
-    return out
+def check_replaceable_dir(out, inputs, *, what: str, marker_file: str, marker: str, kept=()) -> Path:
+    """Refuse, before any work, an ``out`` that is not a new path, an empty directory or a previous hashdist
+    ``what`` directory (its ``marker_file`` with the format ``marker``, replaced by a rerun), and one that overlaps
+    an input path or the block cache (``kept``); see :func:`hashdist.data.atomic.check_output`."""
+    return check_output(out, f"{what} directory", lambda path: read_marker(path / marker_file, "format") == marker,
+                        overwrite=None, inputs=inputs, kept=kept)

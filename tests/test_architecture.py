@@ -19,6 +19,7 @@ LEVELS = (
     ("hashdist.report",),
     ("hashdist.compare",),
     ("hashdist.api", "hashdist.arrays"),
+    ("hashdist.integrations",),
     ("flows",),
     ("hashdist.cli",),
 )

@@ -28,7 +28,7 @@ from torchmetrics import Metric
 
 from hashdist.arrays import Evaluator
 from hashdist.errors import InputError
-from hashdist.options import EvaluateOptions
+from hashdist.options import EvaluateOptions, closest
 
 __all__ = ["HashingMetrics", "flat_metrics"]
 
@@ -117,7 +117,14 @@ class HashingMetrics(Metric):
         evaluate = {name: kwargs.pop(name) for name in list(kwargs) if name in _OPTION_NAMES}
         if options is not None and evaluate:
             raise TypeError(f"HashingMetrics(): give options= or the option keywords {sorted(evaluate)}, not both")
-        super().__init__(**kwargs)
+        try:
+            super().__init__(**kwargs)
+        except ValueError as exc:  # torchmetrics names the keywords it does not know: add the closest option's name
+            if not str(exc).startswith("Unexpected keyword"):
+                raise
+            hints = [f"{name!r} (did you mean {close!r}?)" if (close := closest(name, sorted(_OPTION_NAMES)))
+                     else repr(name) for name in kwargs]
+            raise TypeError(f"HashingMetrics() got unexpected keyword arguments: {', '.join(hints)}") from None
         self.options = options if options is not None else EvaluateOptions(**evaluate)
         for name in _STATES:
             self.add_state(name, default=[], dist_reduce_fx="cat")
@@ -265,7 +272,8 @@ class HashingMetrics(Metric):
             raise InputError(f"{name}: processes hold rows of different widths or types")
         width, most = int(widths[held][0]), int(counts.max())
         padded = torch.zeros((most, width), dtype=torch.uint8, device=self.device)
-        padded[: len(rows)] = rows
+        if len(rows):
+            padded[: len(rows)] = rows
         gathered = _all_gather(padded, group)
         joined = torch.cat([gathered[rank, :count] for rank, count in enumerate(counts.tolist())])
         return [joined.contiguous().view(_DTYPES[int(codes[held][0])])]

@@ -20,6 +20,7 @@ from hashdist.kernels.codecounts import code_counts, rows_in_parts, split_by_cod
 from hashdist.kernels.codeusage import bit_ones_block
 from hashdist.kernels.collapse import auto_histogram_block, should_collapse
 from hashdist.kernels.hashtable import hashtable_counts
+from hashdist.kernels.torchhist import torch_histogram_block
 
 
 def compute_histogram(plan: Plan, block: Block, ds: Dataset | None = None, memo: dict | None = None
@@ -45,11 +46,8 @@ def compute_histogram(plan: Plan, block: Block, ds: Dataset | None = None, memo:
     if decision is None or decision[0] is None or plan.distance is not None or plan.hashtables:
         dc = ds.codes("database", block.d0, block.d1)
         drel = None if plan.relevance == "explicit" else ds.labels("database", block.d0, block.d1)
-    if decision is None:
-        decision = memo[key] = should_collapse(block.q1 - block.q0, dc, drel, plan.relevance)
-    H, collapse = auto_histogram_block(qc, dc, plan.nbits, plan.relevance, qrel, drel, db_start=block.d0,
-                                       max_grade=plan.largest_grade, decision=decision)
-    result = {"H": H, "collapse": np.array([collapse.n_items, collapse.n_distinct, collapse.collapsed], np.int64)}
+    H, collapse = _hamming_histogram(plan, block, (qc, qrel), (dc, drel), memo)
+    result = {"H": H, "collapse": collapse}
     if plan.distance is not None:
         scores = ds.read("queries/scores", block.q0, block.q1) if plan.distance.kind == "asymmetric" else None
         result["H_hamming"] = result["H"]
@@ -61,6 +59,22 @@ def compute_histogram(plan: Plan, block: Block, ds: Dataset | None = None, memo:
         result[f"hashtable_tp/{bits}x{tables}"] = tp
         result[f"hashtable_retrieved/{bits}x{tables}"] = retrieved
     return result
+
+
+def _hamming_histogram(plan: Plan, block: Block, queries, database, memo: dict) -> tuple[np.ndarray, np.ndarray]:
+    """The block's Hamming histogram by the plan's engine, and its collapse tally (see compute_histogram); the
+    torch engine counts every row (never collapsed)."""
+    (qc, qrel), (dc, drel) = queries, database
+    if plan.engine == "torch":
+        H = torch_histogram_block(qc, dc, plan.nbits, plan.relevance, qrel, drel, db_start=block.d0,
+                                  max_grade=plan.largest_grade, device=plan.device)
+        return H, np.array([len(dc), len(dc), 0], np.int64)
+    key = (block.d0, block.d1, block.q1 - block.q0)
+    if memo.get(key) is None:
+        memo[key] = should_collapse(block.q1 - block.q0, dc, drel, plan.relevance)
+    H, collapse = auto_histogram_block(qc, dc, plan.nbits, plan.relevance, qrel, drel, db_start=block.d0,
+                                       max_grade=plan.largest_grade, decision=memo[key])
+    return H, np.array([collapse.n_items, collapse.n_distinct, collapse.collapsed], np.int64)
 
 
 def cached_histogram(plan: Plan, block: Block, cache: BlockCache, ds: Dataset | None = None,

@@ -213,3 +213,51 @@ def test_ddp_two_processes_uneven_empty_padded(tmp_path):
     own = [json.loads((tmp_path / f"out.{rank}.json").read_text()) for rank in range(2)]
     assert [o["uneven"]["database_batches"] for o in own] == [10, 5]  # ceil(151/16), ceil(151/37): unsynced again
     assert [o["empty"]["database_batches"] for o in own] == [5, 0]
+
+
+def test_lightning_fit_validate_logs_the_metrics(tmp_path):
+    """A LightningModule that logs self.log_dict(metric.compute()) at the end of each validation epoch."""
+    pl = pytest.importorskip("lightning.pytorch")
+    from torch.utils.data import DataLoader, TensorDataset
+
+    data = tie_data(seed=8, n_db=256, n_q=32, nbits=16)
+    features = torch.randn(288, 16, generator=torch.Generator().manual_seed(0))
+    labels = torch.from_numpy(np.concatenate([data["db_classes"], data["query_classes"]]))
+    is_query = torch.arange(288) >= 256
+
+    class Hasher(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = torch.nn.Linear(16, 12)
+            self.metric = HashingMetrics(k=[10, 50])
+
+        def training_step(self, batch, _):
+            x, _, _ = batch
+            return torch.tanh(self.net(x)).pow(2).mean()
+
+        def validation_step(self, batch, _):
+            x, y, query = batch
+            codes = self.net(x)
+            self.metric.update_queries(codes[query], y[query])
+            self.metric.update_database(codes[~query], y[~query])
+
+        def on_validation_epoch_end(self):
+            self.log_dict(self.metric.compute())
+            self.metric.reset()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    loader = DataLoader(TensorDataset(features, labels, is_query), batch_size=96)
+    model = Hasher()
+    trainer = pl.Trainer(max_epochs=2, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
+                         num_sanity_val_steps=0)  # its two batches hold no query: compute() would refuse
+    trainer.fit(model, loader, loader)
+    logged = trainer.validate(model, loader, verbose=False)[0]
+    with torch.no_grad():
+        codes = (model.net(features) > 0).numpy()
+    expected = flat_metrics(hashdist.evaluate_codes(codes[256:], codes[:256], labels[256:].numpy(),
+                                                    labels[:256].numpy(), k=[10, 50]))
+    assert set(logged) == set(expected)
+    assert logged == pytest.approx(expected, rel=1e-6, nan_ok=True)

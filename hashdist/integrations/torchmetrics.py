@@ -61,8 +61,8 @@ def binarise(codes, name: str) -> torch.Tensor:
     """Codes as (n, B) bits: a value > 0 is a set bit (so 0 and -1 are cleared bits, and so is an exact 0 of a
     real-valued output); NaN is refused."""
     codes = _tensor(codes, name)
-    if codes.ndim != 2 or codes.shape[0] == 0 or codes.shape[1] == 0:
-        raise InputError(f"{name}: codes must be a non-empty 2-D tensor (rows, bits), got shape {tuple(codes.shape)}")
+    if codes.ndim != 2 or codes.shape[1] == 0:
+        raise InputError(f"{name}: codes must be a 2-D tensor (rows, bits), got shape {tuple(codes.shape)}")
     if codes.dtype == torch.bool:
         return codes
     if codes.is_complex():
@@ -152,7 +152,8 @@ class HashingMetrics(Metric):
         self.update(codes, labels, ids, database=False)
 
     def update(self, codes, labels, ids=None, *, database: bool = False) -> None:
-        """Add a batch of database items (``database=True``) or queries; see :meth:`update_database`."""
+        """Add a batch of database items (``database=True``) or queries; see :meth:`update_database`. A batch of
+        no rows is checked and adds nothing."""
         side = "database" if database else "queries"
         prefix = _SIDES[side]
         bits = binarise(codes, f"{prefix}_codes")
@@ -167,6 +168,8 @@ class HashingMetrics(Metric):
         if self._with_ids[side] is not None and self._with_ids[side] != (ids is not None):
             raise InputError(f"{prefix}_ids: give ids with every {side} batch or with none")
         id_rows = None if ids is None else _id_rows(ids, f"{prefix}_ids", rows)
+        if rows == 0:  # a batch with no row of this side (e.g. a masked split): nothing to add
+            return
         # every check passed: only now does the state change
         self.nbits, self.label_kind, self.label_columns = width, kind, columns
         self._with_ids[side] = ids is not None
@@ -200,7 +203,8 @@ class HashingMetrics(Metric):
         for side, prefix in _SIDES.items():
             codes = self._rows(f"{prefix}_codes")
             if codes is None or evaluator is None:
-                raise InputError(f"update_{side}: no {side} batch was added (on any process)")
+                raise InputError(f"update_{side}: no {prefix.replace('db', 'database')} batch was added (on any "
+                                 "process)")
             labels, ids = self._rows(f"{prefix}_labels"), self._rows(f"{prefix}_ids")
             if ids is not None:
                 if len(ids) != len(codes):

@@ -102,3 +102,29 @@ def test_engine_option_checked():
         hashdist.EvaluateOptions(device=0)
     assert hashdist.EvaluateOptions(device="cuda:1").histogram_engine == "torch"
     assert hashdist.EvaluateOptions(device="cpu").histogram_engine == "numba"
+
+
+def test_tensors_that_require_grad_are_accepted():
+    rng = np.random.default_rng(13)
+    qb, db, ql, dl, *_ = _data(rng, 16, n_q=10, n_db=100)
+    outputs = torch.from_numpy(db * 2.0 - 1).requires_grad_()
+    report = hashdist.evaluate_codes(torch.from_numpy(qb), outputs, ql, dl, k=[5])
+    assert report["metrics"] == hashdist.evaluate_codes(qb, db, ql, dl, k=[5])["metrics"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
+def test_cuda_tensors_take_the_torch_engine():
+    """engine="auto" with codes on a GPU: histograms counted there, the numba engine's report."""
+    from hashdist.integrations.torchmetrics import HashingMetrics
+
+    rng = np.random.default_rng(14)
+    qb, db, ql, dl, qm, dm = _data(rng, 100, n_q=50, n_db=3000, n_concepts=8)
+    for qr, dr in ((ql, dl), (qm, dm)):
+        numba = hashdist.evaluate_codes(qb, db, qr, dr, k=[10, 100])
+        on_gpu = hashdist.evaluate_codes(torch.from_numpy(qb).cuda(), torch.from_numpy(db).cuda(), qr, dr, k=[10, 100])
+        assert on_gpu["engine"]["histograms"].startswith("torch on cuda")
+        assert on_gpu["metrics"] == numba["metrics"]
+        metric = HashingMetrics(k=[10, 100]).cuda()
+        metric.update_database(torch.from_numpy(db).cuda(), torch.from_numpy(dr).cuda())
+        metric.update_queries(torch.from_numpy(qb).cuda(), torch.from_numpy(qr).cuda())
+        assert metric.report()["metrics"] == numba["metrics"]

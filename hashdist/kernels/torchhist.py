@@ -36,12 +36,15 @@ def pair_budget(device) -> int:
 
 
 def popcount64(x):
-    """Set bits of each int64 word (SWAR; arithmetic shifts are harmless: every mask clears the sign bits they
-    bring in, and the final byte count is < 128)."""
-    x = x - ((x >> 1) & _M1)
-    x = (x & _M2) + ((x >> 2) & _M2)
-    x = (x + (x >> 4)) & _M4
-    return (x * _H01) >> 56
+    """Set bits of each int64 word (SWAR), computed in place in ``x`` (give a temporary). Arithmetic shifts are
+    harmless: every mask clears the sign bits they bring in, and the final byte count is < 128."""
+    t = x >> 1
+    x -= t.bitwise_and_(_M1)
+    t = x >> 2
+    x.bitwise_and_(_M2).add_(t.bitwise_and_(_M2))
+    x += x >> 4
+    x.bitwise_and_(_M4).mul_(_H01)
+    return x.bitwise_right_shift_(56)
 
 
 def as_device_words(words, device):

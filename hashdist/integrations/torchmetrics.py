@@ -219,7 +219,7 @@ class HashingMetrics(Metric):
 
     def _run_options(self) -> EvaluateOptions:
         """The options with the device of this metric's states, where the torch engine runs."""
-        if "device" in _OPTION_NAMES and getattr(self.options, "device", None) is None:
+        if self.options.device is None:
             return replace(self.options, device=str(self.device))
         return self.options
 

@@ -128,3 +128,16 @@ def test_cuda_tensors_take_the_torch_engine():
         metric.update_database(torch.from_numpy(db).cuda(), torch.from_numpy(dr).cuda())
         metric.update_queries(torch.from_numpy(qb).cuda(), torch.from_numpy(qr).cuda())
         assert metric.report()["metrics"] == numba["metrics"]
+
+
+def test_every_width_through_three_words():
+    """Every B from 1 to 192 (each word boundary and padding), class and multi-label in turn, tiny blocks."""
+    rng = np.random.default_rng(15)
+    qb, db = rng.integers(0, 2, (3, 192)), rng.integers(0, 2, (17, 192))
+    ql, dl = rng.integers(0, 2, 3), rng.integers(0, 2, 17)
+    qm, dm = pack_bits(rng.integers(0, 2, (3, 5))), pack_bits(rng.integers(0, 2, (17, 5)))
+    for nbits in range(1, 193):
+        q, d = pack_bits(qb[:, :nbits]), pack_bits(db[:, :nbits])
+        kind, qr, dr, top = ("class", ql, dl, 1) if nbits % 2 else ("multilabel", qm, dm, 5)
+        got = torch_histogram_block(q, d, nbits, kind, qr, dr, max_grade=top, budget=20)
+        assert np.array_equal(got, histogram_block(q, d, nbits, kind, qr, dr, max_grade=top)), nbits

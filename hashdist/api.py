@@ -91,7 +91,8 @@ def evaluate_prepared(run: PreparedRun, cache, threads: int | None, progress: bo
         result = run_local(plan, run.params, resolve_cache(cache), threads=threads, progress=block_done,
                            served=run.served)
     timing = {"startup_s": 0.0, **result.timing, "write_s": 0.0, "wall_s": time.time() - t0}
-    engine = {"kind": "local-threads", "threads": threads, "code_parts": plan.code_parts}
+    engine = {"kind": "local-threads", "threads": threads, "code_parts": plan.code_parts,
+              **({"histograms": f"torch on {plan.device}"} if plan.engine == "torch" else {})}
     report = build_report(run.ds, plan, run.parameters, result, timing, engine)
     return Evaluation(report, result.per_query, result.bucket_sizes)
 

@@ -44,12 +44,23 @@ def as_numpy(x, name: str) -> np.ndarray:
     """A numpy view of an array-like: numpy arrays, ``__dlpack__`` or ``__array__`` objects, nested lists."""
     if isinstance(x, np.ndarray):
         return x
+    if device_of(x) is not None:  # a tensor on an accelerator: its rows are packed on the CPU
+        x = x.cpu()
+    if hasattr(x, "detach"):  # a tensor that requires grad exports no DLPack capsule
+        x = x.detach()
     try:
         if hasattr(x, "__dlpack__"):
             return np.from_dlpack(x)
         return np.asarray(x)
     except Exception as exc:
         raise InputError(f"{name}: not convertible to a numpy array ({type(exc).__name__}: {exc})") from None
+
+
+def device_of(x) -> str | None:
+    """The device of a tensor on an accelerator (``"cuda:0"``), None for anything on the CPU (torch not imported)."""
+    device = getattr(x, "device", None)
+    kind = getattr(device, "type", None)
+    return str(device) if isinstance(kind, str) and kind != "cpu" else None
 
 
 class _Part:
@@ -84,6 +95,7 @@ class Evaluator:
             raise InputError(f"nbits: expected an integer in 1..{MAX_NBITS} or None, got {nbits!r}")
         self.nbits = None if nbits is None else int(nbits)
         self.packed = nbits is not None
+        self.device: str | None = None  # the accelerator the first tensor codes came from (the torch engine's)
         self._parts = {"database": _Part(), "queries": _Part()}
 
     # -- adding batches ------------------------------------------------------------------
@@ -107,6 +119,7 @@ class Evaluator:
         check_code_convention(side.values | values, codes_name)
         # every check passed: only now does the state change
         self.nbits = width
+        self.device = self.device or _codes_device(codes)
         side.values |= values
         for name, words in batch.items():
             side.words.setdefault(name, []).append(words)
@@ -200,6 +213,7 @@ class Evaluator:
                     self._parts[part].label_columns = theirs.label_columns
                 self._parts[part].extend(theirs)
         self.nbits = self.nbits or other.nbits
+        self.device = self.device or other.device
         return self
 
     def compute(self, *, relevant=None, query_scores=None, threads: int | None = None,
@@ -222,6 +236,8 @@ class Evaluator:
         if query_scores is not None:
             scores = check_scores(as_numpy(query_scores, "query_scores"), self.nbits, queries.rows, "query_scores")
             options = replace(options, distance=options.distance or "asymmetric")
+        if options.device is None and self.device is not None:
+            options = replace(options, device=self.device)
         if relevant is not None and options.relevance is None:
             options = replace(options, relevance="explicit")
         url = f"memory://hashdist-{uuid.uuid4().hex}"
@@ -256,6 +272,10 @@ class Evaluator:
                 writer.add_relevant(*csr)
             if scores is not None:
                 writer.add_scores(scores)
+
+
+def _codes_device(codes) -> str | None:
+    return next(filter(None, map(device_of, codes.values() if isinstance(codes, dict) else [codes])), None)
 
 
 def _names(modalities) -> str:

@@ -10,6 +10,7 @@ the blocks. Nothing below it checks again.
 from __future__ import annotations
 
 import difflib
+import importlib.util
 import math
 import os
 import re
@@ -124,6 +125,12 @@ class EvaluateOptions:
         "split the database's distinct codes (for mLGAP and code usage) into P parts by hash, each merged and "
         "searched on its own (default: one per 2M items, and at least one per thread); results never depend on "
         "P, memory per part does", metavar="P"))
+    # Python API only (the command line's --engine is ExecutionOptions'): where the histograms are counted
+    engine: Literal["auto", "numba", "torch"] = field(default="auto", metadata={"help": (
+        "histogram engine: numba on the CPU, or torch on the device (hashdist[torch]); auto: torch when the "
+        "device is a CUDA device, else numba (default {default}). Results are identical")})
+    device: str | None = field(default=None, metadata={"help": (
+        "the torch engine's device, e.g. cuda:0 (default: the codes' device when they are tensors, else cpu)")})
 
     def __post_init__(self):
         set_ = object.__setattr__  # normalising a frozen instance's own fields, once
@@ -157,8 +164,25 @@ class EvaluateOptions:
             raise InputError(f"--served-order must be one of {', '.join(ORDERS)}, got {self.served_order!r}")
         if self.protocol is not None:
             get_protocol(self.protocol)
+        self._check_engine()
         for spec in self.hashtable:
             parse_hashtable(spec)
+
+    def _check_engine(self) -> None:
+        engines = typing.get_args(typing.get_type_hints(EvaluateOptions)["engine"])
+        if self.engine not in engines:
+            raise InputError(f"engine={self.engine!r}: unknown (known: {', '.join(engines)})")
+        if self.device is not None and not isinstance(self.device, str):
+            raise InputError(f"device={self.device!r}: expected a device name such as 'cpu' or 'cuda:0'")
+        if self.histogram_engine == "torch" and importlib.util.find_spec("torch") is None:
+            raise InputError("engine='torch' needs torch: pip install 'hashdist[torch]'")
+
+    @property
+    def histogram_engine(self) -> str:
+        """The engine that counts the histograms: as given, or for auto torch on a CUDA device, else numba."""
+        if self.engine != "auto":
+            return self.engine
+        return "torch" if (self.device or "cpu").startswith("cuda") else "numba"
 
     def _check_numbers(self) -> None:
         if self.k is not None and (not self.k or any(not 1 <= k < math.inf or int(k) != k for k in self.k)):
@@ -215,6 +239,8 @@ class EvaluateOptions:
         plan = make_plan(ds, relevance=self.relevance, max_radius=params.max_radius,
                          query_block_rows=self.query_block_rows, db_block_rows=self.db_block_rows,
                          hashtables=hashtables, distance=axis, code_parts=self.code_parts)
+        if self.histogram_engine == "torch":
+            plan = replace(plan, engine="torch", device=self.device or "cpu")
         served = self._served(ds, plan, params)
         return PreparedRun(ds, params, plan, self._parameters(params, plan, axis), served)
 

@@ -20,6 +20,7 @@ LEVELS = (
     ("hashdist.report", "hashdist.served.report"),
     ("hashdist.compare",),
     ("hashdist.api", "hashdist.arrays", "hashdist.served.search"),
+    ("hashdist.integrations",),
     ("flows",),
     ("hashdist.cli",),
 )

@@ -67,6 +67,8 @@ def add_fields(parser, cls, skip: tuple[str, ...] = ()) -> None:
 
 
 def from_args(cls, args, **given):
-    """An options object from the parsed command line: its fields that the parser has, and ``given``."""
-    taken = {f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name) and f.name not in given}
+    """An options object from the parsed command line: its fields that declare a command-line form and the parser
+    has, and ``given`` (a field without one, such as EvaluateOptions.engine, never takes another's flag)."""
+    taken = {f.name: getattr(args, f.name) for f in fields(cls)
+             if "cli" in f.metadata and hasattr(args, f.name) and f.name not in given}
     return cls(**taken, **given)

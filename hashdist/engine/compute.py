@@ -22,6 +22,7 @@ from hashdist.kernels.codeusage import bit_ones_block
 from hashdist.kernels.collapse import auto_histogram_block, should_collapse
 from hashdist.kernels.hashtable import hashtable_counts
 from hashdist.kernels.histogram import n_grades
+from hashdist.kernels.torchhist import torch_histogram_block
 
 ENTRY_SLACK = 1 << 16  # bytes of a cache entry beyond its int64 arrays (zip and .npy headers, names, digest)
 
@@ -70,11 +71,8 @@ def compute_histogram(plan: Plan, block: Block, ds: Dataset | None = None, memo:
     dc = drel = None  # a collapsed database block's distinct rows are all the histogram needs
     if decision is None or decision[0] is None or plan.distance is not None or plan.hashtables:
         dc, drel = _database_rows(plan, block, ds, memo)
-    if decision is None:
-        decision = memo[key] = should_collapse(block.q1 - block.q0, dc, drel, plan.relevance)
-    H, collapse = auto_histogram_block(qc, dc, plan.nbits, plan.relevance, qrel, drel, db_start=block.d0,
-                                       max_grade=plan.largest_grade, decision=decision)
-    result = {"H": H, "collapse": np.array([collapse.n_items, collapse.n_distinct, collapse.collapsed], np.int64)}
+    H, collapse = _hamming_histogram(plan, block, (qc, qrel), (dc, drel), memo)
+    result = {"H": H, "collapse": collapse}
     if plan.distance is not None:
         result["H_hamming"] = result["H"]
         result["H"] = binned_histogram_block(plan.distance, qc, dc, plan.nbits, plan.relevance, qrel, drel, q0=block.q0,
@@ -98,6 +96,22 @@ def _content_key(plan: Plan, block: Block, ds: Dataset, memo: dict) -> str:
     if ("digest", rows) not in memo:
         memo["digest", rows] = content_digest(*_database_rows(plan, block, ds, memo))
     return content_key(block, memo["query digest"][1], memo["digest", rows])
+
+
+def _hamming_histogram(plan: Plan, block: Block, queries, database, memo: dict) -> tuple[np.ndarray, np.ndarray]:
+    """The block's Hamming histogram by the plan's engine, and its collapse tally (see compute_histogram); the
+    torch engine counts every row (never collapsed)."""
+    (qc, qrel), (dc, drel) = queries, database
+    if plan.engine == "torch":
+        H = torch_histogram_block(qc, dc, plan.nbits, plan.relevance, qrel, drel, db_start=block.d0,
+                                  max_grade=plan.largest_grade, device=plan.device)
+        return H, np.array([len(dc), len(dc), 0], np.int64)
+    key = (block.d0, block.d1, block.q1 - block.q0)
+    if memo.get(key) is None:
+        memo[key] = should_collapse(block.q1 - block.q0, dc, drel, plan.relevance)
+    H, collapse = auto_histogram_block(qc, dc, plan.nbits, plan.relevance, qrel, drel, db_start=block.d0,
+                                       max_grade=plan.largest_grade, decision=memo[key])
+    return H, np.array([collapse.n_items, collapse.n_distinct, collapse.collapsed], np.int64)
 
 
 def cached_histogram(plan: Plan, block: Block, cache: BlockCache, ds: Dataset | None = None,

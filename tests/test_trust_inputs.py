@@ -108,3 +108,48 @@ def test_a_flow_run_without_relevant_items_writes_its_report(tmp_path, cli_env):
                            *options], env=cli_env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     _check_no_relevant_report(out)
+
+
+# -- point 6: sizes that would exhaust memory ----------------------------------------------------------------------
+
+
+@pytest.fixture
+def labelled(tmp_path):
+    """A class-labelled dataset of N_DB items (labels 0..2 on both sides) and its label files."""
+    p = _inputs(tmp_path)
+    np.save(p["ql"], np.random.default_rng(6).integers(0, 3, N_Q))
+    out = str(tmp_path / "labelled.zarr")
+    assert main(["ingest", "--db-codes", p["db"], "--query-codes", p["q"], "--db-labels", p["dbl"],
+                 "--query-labels", p["ql"], "--out", out]) == 0
+    return out, p
+
+
+K_MEASURES = ("map_at_k", "precision_at_k", "recall_at_k", "ndcg_at_k", "ndcg_structhash_at_k")
+
+
+def test_k_beyond_the_database_is_the_database_size(tmp_path, labelled):
+    """K = 10^12 (and 10^30) on 200 items ran out of memory (an array of K discounts); K > N behaves as K = N,
+    reported under the K asked for. P@K at K > N is R/N per query, from the label files."""
+    dataset, p = labelled
+    huge = [10**12, 10**30]
+    out = tmp_path / "report"
+    assert main(["evaluate", dataset, "--out", str(out), "--engine", "local", "--no-cache", "--quiet", "--k",
+                 str(N_DB), *map(str, huge), "--convention", "hashnet", "--convention", "dcmh_topk"]) == 0
+    report = json.loads((out / "report.json").read_text())
+    m, conventions = report["metrics"], report["conventions"]
+    for k in map(str, huge):
+        for key in K_MEASURES:
+            assert m[key][k] == m[key][str(N_DB)], (key, k)
+        for name in ("hashnet", "dcmh_topk"):
+            assert conventions[name]["map_at_k"][k] == conventions[name]["map_at_k"][str(N_DB)]
+    R = (np.load(p["ql"])[:, None] == np.load(p["dbl"])[None, :]).sum(axis=1)
+    assert m["precision_at_k"][str(10**12)]["expected"] == pytest.approx(np.mean(R[R > 0] / N_DB), abs=1e-12)
+    assert (out / "report.html").exists()
+
+
+def test_compare_with_k_beyond_the_database(tmp_path, labelled):
+    dataset, _ = labelled
+    out = tmp_path / "cmp"
+    assert main(["compare", "--method", f"a={dataset}", "--method", f"b={dataset}", "--out", str(out), "--engine",
+                 "local", "--no-cache", "--k", str(10**12)]) == 0
+    assert json.loads((out / "comparison.json").read_text())["format"] == "hashdist-comparison"

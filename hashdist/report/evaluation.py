@@ -267,9 +267,15 @@ def _radius(plt, report, per_query, bucket_sizes):
     return fig
 
 
+def plotted_cutoffs(report: dict) -> list[int]:
+    """The cut-offs N of the report's curves over N up to the database size (a larger K is the database size:
+    its values repeat those at Nall, docs/metrics.md section 4)."""
+    return [int(n) for n in report["metrics"]["precision_at_n"] if int(n) <= report["dataset"]["n_database"]]
+
+
 def _precision_at_n(plt, report, per_query, bucket_sizes):
     m = report["metrics"]
-    cutoffs = [int(n) for n in m["precision_at_n"]]
+    cutoffs = plotted_cutoffs(report)
     fig, ax = plt.subplots(figsize=(5, 4))
     widest = 0.0
     for key, name in (("precision_at_n", "P@N"), ("recall_at_n", "R@N")):

@@ -22,6 +22,7 @@ from hashdist.report.evaluation import (
     REPORT_MARKER,
     definitions,
     format_table,
+    plotted_cutoffs,
     provenance,
     provenance_rows,
     tables,
@@ -131,7 +132,7 @@ def _precision_at_n_both(plt, report, per_query, bucket_sizes):
     fig, ax = plt.subplots(figsize=(5, 4))
     for task, sub in report["tasks"].items():
         m = sub["metrics"]["precision_at_n"]
-        cutoffs = [int(n) for n in m]
+        cutoffs = plotted_cutoffs(sub)
         ax.plot(cutoffs, [m[str(n)]["expected"] for n in cutoffs], marker="o", ms=3, label=task_label(task))
     ax.set(xscale="log", xlabel="cut-off N", ylabel="P@N (macro, expected)", title="precision against N, per task",
            ylim=(0, 1.05))

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from hashdist.cli import main
+from tests.conftest import assert_refused
 
 N_DB, N_Q, NBITS = 200, 10, 8
 
@@ -153,3 +154,95 @@ def test_compare_with_k_beyond_the_database(tmp_path, labelled):
     assert main(["compare", "--method", f"a={dataset}", "--method", f"b={dataset}", "--out", str(out), "--engine",
                  "local", "--no-cache", "--k", str(10**12)]) == 0
     assert json.loads((out / "comparison.json").read_text())["format"] == "hashdist-comparison"
+
+
+# -- point 8: malformed dataset and history attributes --------------------------------------------------------------
+
+
+def _edit_json(path, edit):
+    document = json.loads(path.read_text())
+    edit(document)
+    path.write_text(json.dumps(document))
+
+
+def _attrs(edit):
+    return lambda document: edit(document["attributes"])
+
+
+DATASET_DAMAGE = [  # (file in the dataset, edit of its JSON or replacement text, the key the one line names)
+    ("zarr.json", _attrs(lambda a: a.update(relevance=["multilabel"])), "attribute n_labels"),  # was AxisError
+    ("zarr.json", _attrs(lambda a: a.update(relevance=[["class"]])), "attribute relevance"),
+    ("zarr.json", _attrs(lambda a: a.update(relevance="class")), "attribute relevance"),
+    ("zarr.json", _attrs(lambda a: a["fingerprints"].pop("database/labels")),  # was KeyError
+     "attribute fingerprints has no entry 'database/labels'"),
+    ("zarr.json", _attrs(lambda a: a.update(nbits=True)), "attribute nbits must be an integer"),  # was --radius
+    ("zarr.json", _attrs(lambda a: a.update(nbits="8")), "attribute nbits must be an integer"),
+    ("zarr.json", _attrs(lambda a: a["fingerprints"]["database/codes"].update(rows="200")),
+     "attribute fingerprints['database/codes'].rows"),
+    ("zarr.json", _attrs(lambda a: a["fingerprints"]["queries/codes"].update(chunks=[1])),
+     "attribute fingerprints['queries/codes'].chunks"),
+    ("zarr.json", _attrs(lambda a: a.update(modalities="image")), "attribute modalities"),
+    ("database/codes/zarr.json", "{not json", "database/codes/zarr.json: unreadable array metadata"),  # was JSON...
+    ("database/labels/zarr.json", lambda d: d.update(data_type="float64"),
+     "database/labels/zarr.json: class labels must be 1-D integers"),
+]
+
+
+@pytest.mark.parametrize("file, damage, needle", DATASET_DAMAGE)
+def test_malformed_dataset_attributes_are_refused_naming_file_and_key(tmp_path, capsys, labelled, file, damage,
+                                                                      needle):
+    """Each hand edit gave a traceback (AxisError, KeyError, JSONDecodeError), a wrong blame (--radius) or, with
+    float labels, a silent run; now one line naming the file and the key, exit 2, nothing written."""
+    dataset, _ = labelled
+    path = tmp_path / "labelled.zarr" / file
+    if isinstance(damage, str):
+        path.write_text(damage)
+    else:
+        _edit_json(path, damage)
+    out = tmp_path / "report"
+    line = assert_refused(capsys, ["evaluate", dataset, "--out", out, "--engine", "local", "--no-cache"], needle,
+                          out)
+    assert str(path.parent / "zarr.json") in line or str(path) in line
+
+
+@pytest.fixture
+def history(tmp_path, labelled):
+    """A history store of two evaluate --history runs of the labelled dataset."""
+    dataset, _ = labelled
+    store = tmp_path / "history"
+    for _ in range(2):
+        assert main(["evaluate", dataset, "--out", str(tmp_path / "run"), "--engine", "local", "--no-cache",
+                     "--quiet", "--no-html", "--overwrite", "--history", str(store)]) == 0
+    return store
+
+
+HISTORY_DAMAGE = [
+    (lambda e: e["metrics"]["map"].update(expected="0.5"), "key metrics.map.expected has the wrong type"),  # TypeError
+    (lambda e: e.pop("metrics"), "key metrics.map.expected is missing"),  # was KeyError
+    (lambda e: e.update(time=5), "key time has the wrong type"),
+    (lambda e: e.update(time="yesterday"), "key time is not an ISO 8601 time"),
+    (lambda e: e["query_set"].update(n_queries="10"), "key query_set.n_queries has the wrong type"),
+    (lambda e: e["dataset"].update(fingerprint=None), "key dataset.fingerprint has the wrong type"),
+    (lambda e: e["metrics"].update(mlgap={"radius": 2}), "key metrics.mlgap is missing"),
+    (lambda e: e.update(settings=[1]), "key settings has the wrong type"),
+]
+
+
+@pytest.mark.parametrize("damage, needle", HISTORY_DAMAGE)
+def test_malformed_history_entries_are_refused_naming_file_and_key(tmp_path, capsys, history, damage, needle):
+    run = sorted(p for p in (history / "runs").iterdir() if p.is_dir())[-1]
+    _edit_json(run / "zarr.json", _attrs(damage))
+    page = tmp_path / "page.html"
+    line = assert_refused(capsys, ["history", history, "--out", page], needle, page)
+    assert f"{run / 'zarr.json'}: key" in line
+
+
+def test_history_arrays_that_disagree_are_refused(tmp_path, capsys, history):
+    """Duplicate query indices would pair the wrong queries (np.intersect1d assumes them distinct)."""
+    import zarr
+
+    run = sorted(p for p in (history / "runs").iterdir() if p.is_dir())[-1]
+    group = zarr.open_group(str(run), mode="r+")
+    query = np.asarray(group["query"][:])
+    group["query"][:] = np.full_like(query, query[-1])  # not all 0: zarr would drop the chunk
+    assert_refused(capsys, ["history", history], "query indices must be distinct")

@@ -33,7 +33,7 @@ def _explicit(directory, grades) -> str:
     """An explicit ground truth .npz: every query lists database items 1, 5 and 9 with ``grades``."""
     path = directory / "relevant.npz"
     np.savez(path, indptr=np.arange(0, 3 * N_Q + 1, 3), indices=np.tile([1, 5, 9], N_Q),
-             grades=np.broadcast_to(np.asarray(grades, dtype=np.int64), (3 * N_Q,)))
+             grades=np.resize(np.asarray(grades, dtype=np.int64), 3 * N_Q))
     return str(path)
 
 
@@ -246,3 +246,34 @@ def test_history_arrays_that_disagree_are_refused(tmp_path, capsys, history):
     query = np.asarray(group["query"][:])
     group["query"][:] = np.full_like(query, query[-1])  # not all 0: zarr would drop the chunk
     assert_refused(capsys, ["history", history], "query indices must be distinct")
+
+
+def _explicit_dataset(directory, name, grades) -> str:
+    p = _inputs(directory)
+    out = str(directory / f"{name}.zarr")
+    assert main(["ingest", "--db-codes", p["db"], "--query-codes", p["q"], "--query-relevant",
+                 _explicit(directory, grades), "--out", out]) == 0
+    return out
+
+
+@pytest.mark.parametrize("grade", [10**6, 2**62])
+def test_huge_grades_are_refused_naming_max_grade_and_capped_with_it(tmp_path, capsys, grade):
+    """Grades of 10^6 took 3.5 GB (a grade axis of 10^6 + 1 columns), 2^62 gave 'array is too big', and
+    --max-grade 3 did not help. Now refused in one line naming --max-grade; with it, the run equals one whose grades
+    are G (the cap's definition) and reports the pairs it changed."""
+    dataset = _explicit_dataset(tmp_path, "huge", [1, grade, 2])
+    out = tmp_path / "report"
+    assert_refused(capsys, ["evaluate", dataset, "--out", out, "--engine", "local", "--no-cache"],
+                   f"explicit grades up to {grade:,}, above 255, the largest grade counted uncapped; pass --max-grade",
+                   out)
+    assert_refused(capsys, ["evaluate", dataset, "--out", out, "--engine", "local", "--max-grade", "256"],
+                   "--max-grade must be an integer in 1..255", out)
+    assert main(["evaluate", dataset, "--out", str(out), "--engine", "local", "--no-cache", "--quiet", "--max-grade",
+                 "3"]) == 0
+    capped = json.loads((out / "report.json").read_text())
+    (tmp_path / "three").mkdir()
+    same = _explicit_dataset(tmp_path / "three", "three", [1, 3, 2])
+    assert main(["evaluate", same, "--out", str(tmp_path / "same"), "--engine", "local", "--no-cache", "--quiet"]) == 0
+    want = json.loads((tmp_path / "same" / "report.json").read_text())
+    assert capped["metrics"] == want["metrics"]
+    assert capped["grades"] == {"largest": grade, "cap": 3, "relevant_pairs_capped": N_Q}

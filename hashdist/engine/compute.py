@@ -48,13 +48,13 @@ def compute_histogram(plan: Plan, block: Block, ds: Dataset | None = None, memo:
     if decision is None:
         decision = memo[key] = should_collapse(block.q1 - block.q0, dc, drel, plan.relevance)
     H, collapse = auto_histogram_block(qc, dc, plan.nbits, plan.relevance, qrel, drel, db_start=block.d0,
-                                       max_grade=plan.largest_grade, decision=decision)
+                                       max_grade=plan.grade_top, decision=decision)
     result = {"H": H, "collapse": np.array([collapse.n_items, collapse.n_distinct, collapse.collapsed], np.int64)}
     if plan.distance is not None:
         scores = ds.read("queries/scores", block.q0, block.q1) if plan.distance.kind == "asymmetric" else None
         result["H_hamming"] = result["H"]
         result["H"] = binned_histogram_block(plan.distance, qc, dc, plan.nbits, plan.relevance, qrel, drel, q0=block.q0,
-                                             scores=scores, db_start=block.d0, max_grade=plan.largest_grade)
+                                             scores=scores, db_start=block.d0, max_grade=plan.grade_top)
     for bits, tables in plan.hashtables:
         tp, retrieved = hashtable_counts(qc, dc, plan.nbits, bits, tables, qrel, drel, plan.relevance,
                                          db_start=block.d0)

@@ -15,6 +15,7 @@ from hashdist.errors import InputError
 from hashdist.kernels import KERNEL_VERSION
 from hashdist.kernels.distance import DistanceAxis
 
+MAX_GRADE = 255  # the largest grade the histogram counts uncapped: its grade axis has at most MAX_GRADE + 2 columns
 METRIC_ROWS = 1024  # queries per metrics work item: threads share the work evenly, calls stay vectorised
 CODES_PER_PART = 2**21  # database items whose distinct codes one code part may hold (32 MiB at B = 64)
 PASS_CODES = 2**23  # database items whose distinct codes one pass holds at most, beyond one part per thread
@@ -39,6 +40,13 @@ class Plan:
     code_parts: int | None = None  # parts the distinct database codes are split into by hash (None: by size)
     parts_per_pass: int = 1  # code parts counted, merged and searched at once (see for_threads)
     task: str | None = None  # on a dataset with modalities, the task a->b whose codes the blocks read
+    max_grade: int | None = None  # the user's cap on grades (--max-grade); None: uncapped
+
+    @property
+    def grade_top(self) -> int:
+        """The top of the histograms' grade axis, the grade the kernels count at most: the largest grade, or
+        under a cap G at most G + 1 (that column counts the pairs the cap lowers, metrics.summary.cap_grades)."""
+        return grade_top(self.largest_grade, self.max_grade)
 
     @property
     def pairs(self) -> int:
@@ -69,6 +77,11 @@ def largest_possible_grade(ds: Dataset, relevance: str) -> int:
     return max(1, int(grades.max(initial=0)))
 
 
+def grade_top(largest_grade: int, max_grade: int | None) -> int:
+    """The top of the histograms' grade axis: the largest grade, or under a cap G at most G + 1."""
+    return largest_grade if max_grade is None else min(largest_grade, max_grade + 1)
+
+
 def make_plan(
     ds: Dataset,
     *,
@@ -79,6 +92,7 @@ def make_plan(
     hashtables: tuple[tuple[int, int], ...] = (),
     distance: DistanceAxis | None = None,
     code_parts: int | None = None,
+    max_grade: int | None = None,
 ) -> Plan:
     """Blocks aligned to chunks, each keyed on the fingerprints of the rows it reads (and the distance's bins).
 
@@ -88,12 +102,17 @@ def make_plan(
     """
     relevance = check_relevance(ds, relevance)
     largest_grade = largest_possible_grade(ds, relevance)
+    if max_grade is None and largest_grade > MAX_GRADE:
+        raise InputError(f"{ds.url}: {relevance} grades up to {largest_grade:,}, above {MAX_GRADE}, the largest "
+                         f"grade counted uncapped; pass --max-grade G (G <= {MAX_GRADE}) to count grades above G "
+                         "as G")
     qrows = block_rows(query_block_rows, ds.chunk_rows("queries"), DEFAULT_QUERY_BLOCK_ROWS, "--query-block-rows",
                        ds.n_queries)
     drows = block_rows(db_block_rows, ds.chunk_rows("database"), DEFAULT_DB_BLOCK_ROWS, "--db-block-rows",
                        ds.n_database)
     fp = ds.fingerprints
-    common = (KERNEL_VERSION, ds.nbits, relevance, largest_grade, *(f"{bits}x{tables}" for bits, tables in hashtables),
+    top = grade_top(largest_grade, max_grade)  # what the histograms count: a capped run's differ
+    common = (KERNEL_VERSION, ds.nbits, relevance, top, *(f"{bits}x{tables}" for bits, tables in hashtables),
               *(("distance", distance.digest) if distance is not None else ()))
 
     def query_digest(q0, q1):
@@ -116,7 +135,7 @@ def make_plan(
         for (d0, d1) in db_blocks
     )
     return Plan(task_url(ds.url), ds.nbits, relevance, largest_grade, max_radius, qrows, drows, tuple(query_blocks),
-                hist, tuple(db_blocks), tuple(hashtables), distance, code_parts, task=ds.task)
+                hist, tuple(db_blocks), tuple(hashtables), distance, code_parts, task=ds.task, max_grade=max_grade)
 
 
 def for_threads(plan: Plan, threads: int) -> Plan:

@@ -277,3 +277,10 @@ def test_huge_grades_are_refused_naming_max_grade_and_capped_with_it(tmp_path, c
     want = json.loads((tmp_path / "same" / "report.json").read_text())
     assert capped["metrics"] == want["metrics"]
     assert capped["grades"] == {"largest": grade, "cap": 3, "relevant_pairs_capped": N_Q}
+
+
+def test_split_of_too_many_items_is_refused_naming_the_limit(tmp_path, capsys):
+    """--n-items 10^11 ran out of memory (an int64 per item, several times over); now one line with the limit."""
+    out = tmp_path / "splits.zarr"
+    assert_refused(capsys, ["split", "--n-items", 10**11, "--out", out], "--n-items must be an integer in "
+                   "1..1073741824", out)

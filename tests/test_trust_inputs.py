@@ -284,3 +284,16 @@ def test_split_of_too_many_items_is_refused_naming_the_limit(tmp_path, capsys):
     out = tmp_path / "splits.zarr"
     assert_refused(capsys, ["split", "--n-items", 10**11, "--out", out], "--n-items must be an integer in "
                    "1..1073741824", out)
+
+
+def test_a_run_over_tasks_without_relevant_items_says_why_per_task(tmp_path, capsys):
+    """A dataset with modalities whose query labels no database item has: the page names each task's reason."""
+    p = _inputs(tmp_path)
+    dataset, out = tmp_path / "modal.zarr", tmp_path / "report"
+    assert main(["ingest", "--db-codes", f"image={p['db']}", "--db-codes", f"text={p['db']}", "--query-codes",
+                 f"image={p['q']}", "--query-codes", f"text={p['q']}", "--db-labels", p["dbl"], "--query-labels",
+                 p["ql"], "--out", str(dataset)]) == 0
+    assert main(["evaluate", str(dataset), "--out", str(out), "--engine", "local", "--no-cache", "--quiet"]) == 0
+    page = (out / "report.html").read_text()
+    for task in ("image→text", "text→image"):
+        assert f"<b>{task}: No query has a relevant database item" in page

@@ -22,6 +22,7 @@ from hashdist.report.evaluation import (
     REPORT_MARKER,
     definitions,
     format_table,
+    no_relevant_reason,
     plotted_cutoffs,
     provenance,
     provenance_rows,
@@ -159,7 +160,10 @@ def _lead(report: dict) -> str:
     return (f"<section class='headline'><p>{d['n_queries']:,} queries x {d['n_database']:,} database items, "
             f"{d['nbits']}-bit codes, {html.escape(str(d['relevance']))} relevance, {len(report['tasks'])} tasks."
             f"</p><p class='lead'>{html.escape(label)}: {values}; mean <b>{fmt(mean)}</b> (expected over all "
-            "orders of tied items; the table gives each value's [worst, best] order).</p></section>")
+            "orders of tied items; the table gives each value's [worst, best] order).</p>"
+            + "".join(f"<p class='no-relevant'><b>{html.escape(task_label(t))}: {html.escape(reason)}</b></p>"
+                      for t, r in report["tasks"].items() if (reason := no_relevant_reason(r)))
+            + "</section>")
 
 
 def render_tasks_html(report: dict, images: dict[str, str]) -> str:

@@ -39,7 +39,7 @@ from hashdist.defaults import (
     GROUNDTRUTH_SAMPLE,
 )
 from hashdist.engine.blocks import block_rows
-from hashdist.engine.plan import Plan, make_plan
+from hashdist.engine.plan import MAX_GRADE, Plan, make_plan
 from hashdist.errors import InputError, check_integer, check_number, is_integer, json_object
 from hashdist.kernels.distance import KINDS, DistanceAxis, asymmetric_axis, check_bins, check_weights, weighted_axis
 from hashdist.metrics.conventions import BY_NAME, CONVENTIONS
@@ -93,8 +93,9 @@ class EvaluateOptions:
     relevance: Literal["class", "multilabel", "explicit"] | None = field(default=None, metadata=option(
         "default: the dataset's"))
     max_grade: int | None = field(default=None, metadata=option(
-        "count multi-label grades (labels in common) above G as G; default: uncapped. The report records the cap "
-        "and how many relevant pairs it changed", metavar="G"))
+        "count grades (multi-label: labels in common; explicit: listed grades) above G as G, G <= {MAX_GRADE}; "
+        "default: uncapped, and grades above {MAX_GRADE} refused. The report records the cap and how many relevant "
+        "pairs it changed".format(MAX_GRADE=MAX_GRADE), metavar="G"))
     hashtable: tuple[str, ...] = field(default=(), metadata=option(
         "hashtable-bucket paradigm: L tables of K-bit substrings, e.g. 8x8 16x4", nargs="+", metavar="KxL"))
     protocol: ProtocolName | None = field(default=None, metadata=option(
@@ -191,9 +192,10 @@ class EvaluateOptions:
             raise InputError("--radius: give at least one radius")
         if not (isinstance(self.beta, (int, float)) and math.isfinite(self.beta) and self.beta > 0):
             raise InputError(f"--beta must be a finite number > 0, got {self.beta}")
-        for name in ("max_grade", "code_parts"):
-            if getattr(self, name) is not None:
-                check_integer(getattr(self, name), f"--{name.replace('_', '-')}")
+        if self.max_grade is not None:
+            check_integer(self.max_grade, "--max-grade", 1, MAX_GRADE)
+        if self.code_parts is not None:
+            check_integer(self.code_parts, "--code-parts")
         check_bins(self.distance_bins)
 
     @property
@@ -238,7 +240,7 @@ class EvaluateOptions:
                              bin_edges=tuple(axis.upper.tolist()))
         plan = make_plan(ds, relevance=self.relevance, max_radius=params.max_radius,
                          query_block_rows=self.query_block_rows, db_block_rows=self.db_block_rows,
-                         hashtables=hashtables, distance=axis, code_parts=self.code_parts)
+                         hashtables=hashtables, distance=axis, code_parts=self.code_parts, max_grade=self.max_grade)
         if self.histogram_engine == "torch":
             plan = replace(plan, engine="torch", device=self.device or "cpu")
         served = self._served(ds, plan, params)

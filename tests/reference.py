@@ -257,8 +257,8 @@ def ap_at_radius_list(gr, size):
 
 
 def precision_at_k_list(gr, k):
-    """P@K = (relevant among the first K) / K."""
-    return Fraction(_n_relevant(gr[:k]), k)
+    """P@K = (relevant among the first K) / K; a K beyond the list is its length (K > Nall behaves as K = Nall)."""
+    return Fraction(_n_relevant(gr[:k]), min(k, len(gr)) or k)
 
 
 def recall_at_k_list(gr, k):
@@ -303,7 +303,7 @@ def ndcg_structhash_list(gr, k):
     for i, g in enumerate(gr[:k], start=1):
         if g >= 1:
             num += structhash_score(i)
-    z = mpmath.fsum(structhash_score(i) for i in range(1, k + 1))
+    z = mpmath.fsum(structhash_score(i) for i in range(1, min(k, len(gr)) + 1))  # K > Nall: K = Nall
     return num / z
 
 
@@ -428,7 +428,7 @@ def ap_at_k_matrix(G, k, normaliser):
 
 
 def precision_at_k_matrix(G, k):
-    return (G[:, :k] >= 1).sum(axis=1) / k
+    return (G[:, :k] >= 1).sum(axis=1) / (min(k, G.shape[1]) or k)  # K > Nall behaves as K = Nall
 
 
 def recall_at_k_matrix(G, k):
@@ -450,7 +450,7 @@ def ndcg_matrix(G, k):
 
 
 def ndcg_structhash_matrix(G, k):
-    i = np.arange(1, k + 1, dtype=np.float64)
+    i = np.arange(1, min(k, G.shape[1]) + 1, dtype=np.float64)  # K > Nall behaves as K = Nall
     S = np.where(i == 1, 1.0, 1.0 / np.log2(np.maximum(i, 2)))
     top = (G[:, :k] >= 1).astype(np.float64)
     R = (G >= 1).sum(axis=1)

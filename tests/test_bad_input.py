@@ -234,14 +234,15 @@ def test_concurrent_run_into_the_same_output_is_refused(tmp_path, capsys, datase
         (lambda g, p: g.attrs.update({"format_version": 99}), "format version 99"),
         (lambda g, p: g.attrs.update({"nbits": 200}), "needs (rows, 4) uint64"),
         (lambda g, p: __import__("shutil").rmtree(p / "database" / "labels"), "database/labels"),
-        (lambda g, p: g.attrs.__delitem__("nbits"), "malformed dataset attributes (no 'nbits')"),
+        (lambda g, p: g.attrs.__delitem__("nbits"), "zarr.json: attribute nbits is missing"),
         (lambda g, p: g.attrs.update({"fingerprints": {"database/codes": {"rows": "many"}}}),
-         "malformed dataset attributes (no 'chunk_rows')"),
+         "attribute fingerprints['database/codes'] has no 'chunk_rows'"),
         (lambda g, p: g.attrs.update({"fingerprints": {k: v for k, v in g.attrs["fingerprints"].items()
                                                        if k != "queries/codes"}}),
-         "no fingerprint of queries/codes"),
+         "attribute fingerprints has no entry 'queries/codes'"),
         (lambda g, p: g.attrs.update({"fingerprints": {**g.attrs["fingerprints"], "database/codes": {
-            **g.attrs["fingerprints"]["database/codes"], "chunk_rows": 0}}}), "the fingerprint of database/codes"),
+            **g.attrs["fingerprints"]["database/codes"], "chunk_rows": 0}}}),
+         "fingerprints['database/codes'].chunk_rows must be an integer >= 1"),
     ],
 )
 def test_damaged_dataset_is_refused(tmp_path, capsys, dataset, damage, needle):

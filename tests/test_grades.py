@@ -75,5 +75,5 @@ def test_graded_metrics_match_a_brute_force_ranking(tmp_path, cap):
 
 @pytest.mark.parametrize("cap", [0, -2, 2.5])
 def test_bad_cap_is_refused(multilabel_dataset, cap):
-    with pytest.raises(InputError, match="--max-grade must be a positive integer"):
+    with pytest.raises(InputError, match=r"--max-grade must be an integer in 1\.\.255"):
         evaluate_local(multilabel_dataset, cache=False, max_grade=cap)

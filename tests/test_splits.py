@@ -244,7 +244,7 @@ def _bad_labels(tmp_path, name, array):
         (lambda p: ["--n-items", 100], ["--test-queries", 0], "--test-queries must be a positive integer"),
         (lambda p: ["--n-items", 100], ["--validation-queries", -1], "--validation-queries must be a non-negative"),
         (lambda p: ["--n-items", 100], ["--strategy", "standard", "--test-database", 5], "only to the improved"),
-        (lambda p: ["--n-items", 0], [], "--n-items must be a positive integer"),
+        (lambda p: ["--n-items", 0], [], "--n-items must be an integer in 1..1073741824"),
         (lambda p: ["--n-items", 60000], ["--protocol", "cifar10", "--strategy", "standard"], "does not go with"),
         (lambda p: ["--n-items", 100, "--labels", p / "x.npy"], [], "not allowed with"),
         (lambda p: [], [], "one of the arguments --labels --n-items is required"),

@@ -642,8 +642,8 @@ def _add_split(sub):
     source.add_argument("--labels", metavar="ALL_LABELS.npy",
                         help="labels of all N items: 1-D integer classes or 2-D 0/1 multi-hot (--check: for the "
                         "range check and the items per class or label)")
-    source.add_argument("--n-items", type=int, metavar="N", help="N items without labels (uniform draws; --check: "
-                        "the pool size for the range check)")
+    source.add_argument("--n-items", type=int, metavar="N", help="N items without labels (uniform draws, N "
+                        "at most 2^30; --check: the pool size for the range check)")
     p.add_argument("--strategy", nargs="+", metavar="NAME",
                    help="standard and/or improved (default both, or the protocol's)")
     p.add_argument("--protocol", metavar="NAME",

@@ -297,12 +297,14 @@ def load_history(history_dir, *, arrays: bool = True) -> list[dict]:
             entry = dict(group.attrs)
             if entry.get("format") != f"{FORMAT}-run":
                 raise ValueError("no run entry")
+            check_entry(runs_dir / name / "zarr.json", entry)
             if arrays:
                 for key in ARRAYS:
                     array = group[key]
                     if (chunk := missing_chunk(array)) is not None:
                         raise InputError(f"{path}: run {name}: {key} chunk {chunk} is missing (damaged history)")
                     entry[key] = np.asarray(array[:])
+                check_run_arrays(runs_dir / name, entry)
         except InputError:
             raise
         except Exception as exc:
@@ -310,6 +312,62 @@ def load_history(history_dir, *, arrays: bool = True) -> list[dict]:
         runs.append(entry)
     runs.sort(key=lambda e: (e["time"], e["run"]))
     return runs
+
+
+# -- the one check of a run's entry (every key the comparisons and pages read) ----------------------------
+
+
+def _number_or_null(x) -> bool:
+    return x is None or (isinstance(x, (int, float)) and not isinstance(x, bool))
+
+
+def _entry_problem(entry: dict) -> tuple[str, str] | None:
+    """(key, what is wrong) for the first key of a run entry that is missing or of the wrong type, or None."""
+    checks = [("run", lambda e: isinstance(e["run"], str)),
+              ("time", lambda e: isinstance(e["time"], str) and bool(_utc(e["time"]))),
+              ("dataset.path", lambda e: isinstance(e["dataset"]["path"], str)),
+              ("dataset.fingerprint", lambda e: isinstance(e["dataset"]["fingerprint"], str)),
+              ("query_set.n_queries", lambda e: type(e["query_set"]["n_queries"]) is int),
+              ("query_set.fingerprint", lambda e: isinstance(e["query_set"]["fingerprint"], str)),
+              ("query_set.identity", lambda e: isinstance(e["query_set"]["identity"], list)
+               and all(isinstance(n, str) for n in e["query_set"]["identity"])),
+              ("settings", lambda e: isinstance(e["settings"], dict)),
+              *((f"metrics.map.{p}", lambda e, p=p: _number_or_null(e["metrics"]["map"][p]))
+                for p in ("expected", "best", "worst")),
+              ("metrics.mlgap", lambda e: e["metrics"].get("mlgap") is None or (
+                  isinstance(e["metrics"]["mlgap"]["radius"], (str, int, float))
+                  and _number_or_null(e["metrics"]["mlgap"]["value"])))]
+    for key, valid in checks:
+        try:
+            if not valid(entry):
+                return key, "has the wrong type"
+        except (KeyError, TypeError, IndexError):
+            return key, "is missing"
+        except InputError:
+            return key, "is not an ISO 8601 time"
+    return None
+
+
+def check_entry(where: Path, entry: dict) -> None:
+    """Refuse a run entry (the attributes in ``where``, a run's zarr.json) missing a key hashdist reads or holding
+    a value of the wrong type, in one line naming the file and the key."""
+    problem = _entry_problem(entry)
+    if problem:
+        key, what = problem
+        raise InputError(f"{where}: key {key} {what} (damaged or hand-edited history run; remove the run's "
+                         "directory)")
+
+
+def check_run_arrays(where: Path, entry: dict) -> None:
+    """A run's per-query arrays: 1-D, the same length, distinct integer query indices within the query set."""
+    query, ap, relevant = (entry[k] for k in ARRAYS)
+    n = entry["query_set"]["n_queries"]
+    if not (query.ndim == ap.ndim == relevant.ndim == 1 and len(query) == len(ap) == len(relevant)) \
+            or query.dtype.kind not in "iu" or relevant.dtype.kind not in "iu" or ap.dtype.kind != "f":
+        raise InputError(f"{where}: arrays query, ap and relevant must be 1-D of one length (integer, float, "
+                         "integer); damaged history run")
+    if len(query) and (query.min() < 0 or query.max() >= n or len(np.unique(query)) != len(query)):
+        raise InputError(f"{where}/query: query indices must be distinct and in 0..{n - 1}; damaged history run")
 
 
 # -- comparing runs ------------------------------------------------------------

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import json
 import os
 import shutil
 from contextlib import ExitStack
@@ -46,6 +47,7 @@ from zarr.codecs import Crc32cCodec, ZstdCodec
 
 from hashdist.data.atomic import check_output, exclusive, read_marker, staged_directory
 from hashdist.data.bits import first_wide_row, n_words
+from hashdist.data.validate import FIX, attributes_file, dataset_attributes, label_layout_problem
 from hashdist.defaults import DEFAULT_CHUNK_ROWS, DEFAULT_QUERY_CHUNK_ROWS
 from hashdist.errors import InputError
 
@@ -165,25 +167,14 @@ class Dataset:
     def __init__(self, url: str, group: zarr.Group, task: str | None = None):
         self.url = str(url)
         self.group = group
-        attrs = dict(group.attrs)
-        try:
-            self.nbits = int(attrs["nbits"])
-            self.relevance_kinds = tuple(map(str, attrs["relevance"]))
-            self.n_labels = int(attrs.get("n_labels", 0))
-            self.fingerprints = {k: ArrayFingerprint.from_json(v) for k, v in attrs["fingerprints"].items()}
-            self.modalities = {str(side): tuple(map(str, names)) for side, names in
-                               dict(attrs.get("modalities") or {}).items()}
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            what = f"no {exc.args[0]!r}" if isinstance(exc, KeyError) else f"{type(exc).__name__}: {exc}"
-            raise InputError(f"{url}: malformed dataset attributes ({what}); rewrite it with hashdist ingest") from None
+        checked = dataset_attributes(url, dict(group.attrs), MAX_NBITS)
+        self.nbits = checked["nbits"]
+        self.relevance_kinds = checked["relevance"]
+        self.n_labels = checked["n_labels"]
+        self.fingerprints = {k: ArrayFingerprint.from_json(v) for k, v in checked["fingerprints"].items()}
+        self.modalities = checked["modalities"]
         self._stored: dict[str, str] = {}  # a task's logical array names -> stored names
         self.task = self._select_task(task) if self.modalities else None
-        for name in CODES:
-            if name not in self.fingerprints:
-                raise InputError(f"{url}: malformed dataset attributes (no fingerprint of {name})")
-        for name, fp in self.fingerprints.items():
-            if fp.chunk_rows < 1 or fp.rows < 0 or len(fp.chunks) != -(-fp.rows // fp.chunk_rows):
-                raise InputError(f"{url}: malformed dataset attributes (the fingerprint of {name})")
         self._arrays: dict[str, zarr.Array] = {}
 
     def _select_task(self, task: str | None) -> str:
@@ -251,10 +242,14 @@ class Dataset:
 
     def array(self, name: str) -> zarr.Array:
         if name not in self._arrays:
+            stored = self._stored.get(name, name)
             try:
-                self._arrays[name] = self.group[self._stored.get(name, name)]
+                self._arrays[name] = self.group[stored]
             except KeyError:
                 raise InputError(f"{self.url}: dataset has no array {name!r}") from None
+            except Exception as exc:  # zarr.json not JSON, or not array metadata: zarr raises many types
+                raise InputError(f"{attributes_file(self.url, stored)}: unreadable array metadata "
+                                 f"({type(exc).__name__}: {str(exc)[:120]}); {FIX}") from None
         return self._arrays[name]
 
     def read(self, name: str, start: int, stop: int) -> np.ndarray:
@@ -334,7 +329,8 @@ def open_dataset(url, task: str | None = None) -> Dataset:
         raise InputError(f"{url}: not a hashdist dataset (missing format attribute); {make}")
     if attrs.get("format_version") != FORMAT_VERSION:
         raise InputError(
-            f"{url}: dataset format version {attrs.get('format_version')} is not supported (expected {FORMAT_VERSION})"
+            f"{url}: dataset format version {json.dumps(attrs.get('format_version'))} is not supported (expected "
+            f"{FORMAT_VERSION})"
         )
     if task is not None and not attrs.get("modalities"):
         raise InputError(f"--task {task}: {url} has no modalities (one code set per side; ingest codes per "
@@ -365,21 +361,30 @@ def validate_structure(ds: Dataset) -> None:
         if arr.shape[0] == 0:
             raise InputError(f"{ds.url}: {part}/codes is empty")
         _check_modalities(ds, part, arr)
-        if ds.has(f"{part}/labels") and ds.array(f"{part}/labels").shape[0] != arr.shape[0]:
-            raise InputError(
-                f"{ds.url}: {part}/labels has {ds.array(f'{part}/labels').shape[0]} rows but {part}/codes "
-                f"has {arr.shape[0]}"
-            )
+        if ds.has(f"{part}/labels"):
+            _check_labels(ds, part, arr.shape[0])
     if ds.has("queries/relevant/indptr") and ds.array("queries/relevant/indptr").shape[0] != ds.n_queries + 1:
         raise InputError(f"{ds.url}: queries/relevant/indptr must have n_queries + 1 entries")
     if _is_local(ds.url):
         _check_chunk_files(ds)
 
 
+def _check_labels(ds: Dataset, part: str, rows: int) -> None:
+    """A side's labels: a row per code, in the layout of the dataset's label kind."""
+    labels = ds.array(f"{part}/labels")
+    if labels.shape[0] != rows:
+        raise InputError(f"{ds.url}: {part}/labels has {labels.shape[0]} rows but {part}/codes has {rows}")
+    for kind in ds.relevance_kinds:
+        problem = label_layout_problem(kind, labels.ndim, labels.dtype, labels.shape[-1], n_words(ds.n_labels))
+        if problem:
+            raise InputError(f"{attributes_file(ds.url, f'{part}/labels')}: {problem} (the dataset's relevance "
+                             f"attribute says {kind}); {FIX}")
+
+
 def _check_modalities(ds: Dataset, part: str, codes: zarr.Array) -> None:
     """Every modality of a side has the rows and the width of the one the task reads."""
     for name in ds.modalities.get(part, ()):
-        arr = ds.group[f"{part}/codes/{name}"]
+        arr = ds.array(f"{part}/codes/{name}")
         if arr.shape != codes.shape or arr.dtype != codes.dtype:
             raise InputError(f"{ds.url}: {part}/codes/{name} has shape {arr.shape} {arr.dtype}, but the other "
                              f"modalities of the {part} have {codes.shape} {codes.dtype}")

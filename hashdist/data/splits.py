@@ -58,6 +58,7 @@ DEFAULT_SIZES = {"test_queries": 1000, "test_database": 5000, "validation_querie
 MAY_BE_EMPTY = ("validation_queries", "validation_database")
 CHUNK = 1 << 20  # indices per Zarr chunk
 LABEL_BLOCK_ROWS = 65536  # multi-hot rows read at a time
+MAX_ITEMS = 2**30  # the largest N drawn: a run holds about 48 bytes an item (shuffle keys, order, sets), 50 GB here
 
 
 def _option(role: str) -> str:
@@ -89,7 +90,7 @@ def _item_groups(labels, n_items) -> tuple[np.ndarray, str]:
     if (labels is None) == (n_items is None):
         raise InputError("give exactly one of --labels and --n-items")
     if labels is None:
-        return np.zeros(check_integer(n_items, "--n-items"), np.int64), "none"
+        return np.zeros(check_integer(n_items, "--n-items", 1, MAX_ITEMS), np.int64), "none"
     name = "labels"
     if isinstance(labels, (str, os.PathLike)):
         name, labels = str(labels), load_array(labels)
@@ -98,6 +99,8 @@ def _item_groups(labels, n_items) -> tuple[np.ndarray, str]:
         raise InputError(f"{name}: labels must be 1-D (classes) or 2-D (multi-hot), got shape {arr.shape}")
     if arr.shape[0] == 0:
         raise InputError(f"{name}: no items (the labels are empty)")
+    if arr.shape[0] > MAX_ITEMS:
+        raise InputError(f"{name}: {arr.shape[0]:,} items, more than {MAX_ITEMS:,}, the most a split draws")
     if arr.ndim == 1:
         if arr.dtype.kind not in "iu":
             raise InputError(f"{name}: class labels must be integers, got {arr.dtype}")

@@ -76,7 +76,7 @@ def compute_histogram(plan: Plan, block: Block, ds: Dataset | None = None, memo:
     if plan.distance is not None:
         result["H_hamming"] = result["H"]
         result["H"] = binned_histogram_block(plan.distance, qc, dc, plan.nbits, plan.relevance, qrel, drel, q0=block.q0,
-                                             scores=scores, db_start=block.d0, max_grade=plan.largest_grade)
+                                             scores=scores, db_start=block.d0, max_grade=plan.grade_top)
     for bits, tables in plan.hashtables:
         tp, retrieved = hashtable_counts(qc, dc, plan.nbits, bits, tables, qrel, drel, plan.relevance,
                                          db_start=block.d0)
@@ -104,13 +104,13 @@ def _hamming_histogram(plan: Plan, block: Block, queries, database, memo: dict) 
     (qc, qrel), (dc, drel) = queries, database
     if plan.engine == "torch":
         H = torch_histogram_block(qc, dc, plan.nbits, plan.relevance, qrel, drel, db_start=block.d0,
-                                  max_grade=plan.largest_grade, device=plan.device)
+                                  max_grade=plan.grade_top, device=plan.device)
         return H, np.array([len(dc), len(dc), 0], np.int64)
     key = (block.d0, block.d1, block.q1 - block.q0)
     if memo.get(key) is None:
         memo[key] = should_collapse(block.q1 - block.q0, dc, drel, plan.relevance)
     H, collapse = auto_histogram_block(qc, dc, plan.nbits, plan.relevance, qrel, drel, db_start=block.d0,
-                                       max_grade=plan.largest_grade, decision=memo[key])
+                                       max_grade=plan.grade_top, decision=memo[key])
     return H, np.array([collapse.n_items, collapse.n_distinct, collapse.collapsed], np.int64)
 
 
@@ -143,7 +143,7 @@ def _counts(a: np.ndarray, shape: tuple) -> bool:
 
 def result_shapes(plan: Plan, block: Block) -> dict[str, tuple[int, ...]]:
     """The name and shape of each array of the block's result (:func:`compute_histogram`), all int64."""
-    queries, grades = block.q1 - block.q0, n_grades(plan.relevance, plan.largest_grade)
+    queries, grades = block.q1 - block.q0, n_grades(plan.relevance, plan.grade_top)
     shapes = {"H": (queries, plan.nbits + 1, grades), "collapse": (3,)}
     if plan.distance is not None:
         shapes.update(H=(queries, plan.distance.n_bins, grades), H_hamming=(queries, plan.nbits + 1, grades))

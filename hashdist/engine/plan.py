@@ -16,6 +16,7 @@ from hashdist.errors import InputError
 from hashdist.kernels import KERNEL_VERSION
 from hashdist.kernels.distance import DistanceAxis
 
+MAX_GRADE = 255  # the largest grade the histogram counts uncapped: its grade axis has at most MAX_GRADE + 2 columns
 METRIC_ROWS = 1024  # queries per metrics work item: threads share the work evenly, calls stay vectorised
 CODES_PER_PART = 2**21  # database items whose distinct codes one code part may hold (32 MiB at B = 64)
 PASS_CODES = 2**23  # database items whose distinct codes one pass holds at most, beyond one part per thread
@@ -42,6 +43,13 @@ class Plan:
     task: str | None = None  # on a dataset with modalities, the task a->b whose codes the blocks read
     engine: str = "numba"  # what counts the histograms: numba kernels, or torch on ``device`` (no result differs)
     device: str | None = None
+    max_grade: int | None = None  # the user's cap on grades (--max-grade); None: uncapped
+
+    @property
+    def grade_top(self) -> int:
+        """The top of the histograms' grade axis, the grade the kernels count at most: the largest grade, or
+        under a cap G at most G + 1 (that column counts the pairs the cap lowers, metrics.summary.cap_grades)."""
+        return grade_top(self.largest_grade, self.max_grade)
 
     @property
     def pairs(self) -> int:
@@ -72,6 +80,11 @@ def largest_possible_grade(ds: Dataset, relevance: str) -> int:
     return max(1, int(grades.max(initial=0)))
 
 
+def grade_top(largest_grade: int, max_grade: int | None) -> int:
+    """The top of the histograms' grade axis: the largest grade, or under a cap G at most G + 1."""
+    return largest_grade if max_grade is None else min(largest_grade, max_grade + 1)
+
+
 def make_plan(
     ds: Dataset,
     *,
@@ -82,6 +95,7 @@ def make_plan(
     hashtables: tuple[tuple[int, int], ...] = (),
     distance: DistanceAxis | None = None,
     code_parts: int | None = None,
+    max_grade: int | None = None,
 ) -> Plan:
     """Blocks aligned to chunks, each keyed on its rows and parameters (and the distance's bins).
 
@@ -91,11 +105,16 @@ def make_plan(
     """
     relevance = check_relevance(ds, relevance)
     largest_grade = largest_possible_grade(ds, relevance)
+    if max_grade is None and largest_grade > MAX_GRADE:
+        raise InputError(f"{ds.url}: {relevance} grades up to {largest_grade:,}, above {MAX_GRADE}, the largest "
+                         f"grade counted uncapped; pass --max-grade G (G <= {MAX_GRADE}) to count grades above G "
+                         "as G")
     qrows = block_rows(query_block_rows, ds.chunk_rows("queries"), DEFAULT_QUERY_BLOCK_ROWS, "--query-block-rows",
                        ds.n_queries)
     drows = block_rows(db_block_rows, ds.chunk_rows("database"), DEFAULT_DB_BLOCK_ROWS, "--db-block-rows",
                        ds.n_database)
-    common = (KERNEL_VERSION, ds.nbits, relevance, largest_grade, *(f"{bits}x{tables}" for bits, tables in hashtables),
+    top = grade_top(largest_grade, max_grade)  # what the histograms count: a capped run's differ
+    common = (KERNEL_VERSION, ds.nbits, relevance, top, *(f"{bits}x{tables}" for bits, tables in hashtables),
               *(("distance", distance.digest) if distance is not None else ()))
     query_blocks = row_ranges(ds.n_queries, qrows)
     db_blocks = row_ranges(ds.n_database, drows)
@@ -105,7 +124,7 @@ def make_plan(
         for (d0, d1) in db_blocks
     )
     return Plan(task_url(ds.url), ds.nbits, relevance, largest_grade, max_radius, qrows, drows, tuple(query_blocks),
-                hist, tuple(db_blocks), tuple(hashtables), distance, code_parts, task=ds.task)
+                hist, tuple(db_blocks), tuple(hashtables), distance, code_parts, task=ds.task, max_grade=max_grade)
 
 
 def for_threads(plan: Plan, threads: int) -> Plan:

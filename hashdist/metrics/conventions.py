@@ -114,7 +114,7 @@ def per_query_values(H: np.ndarray, params) -> dict[str, np.ndarray]:
         n, r = rk.group_counts(H)
         for k in params.ks:
             state, p, worst = np.empty(n.shape[0], np.int8), np.empty(n.shape[0]), np.empty(n.shape[0])
-            _hashnet_inclusion(n, r, int(k), state, p, worst)
+            _hashnet_inclusion(n, r, rk.effective_k(k, n.sum(axis=1)), state, p, worst)
             worst = np.where(state == ALWAYS, rk.average_precision_at_k(H, k, "retrieved", "worst"), worst)
             out.update({hashnet_key(k, "state"): state, hashnet_key(k, "p"): p, hashnet_key(k, "worst"): worst})
     if "dcmh_topk" in params.conventions:
@@ -241,7 +241,7 @@ def dcmh_topk_values(H, k, policy: str = "expected") -> np.ndarray:
     """
     n, r = rk.group_counts(H)
     out = np.empty(n.shape[0])
-    _dcmh_topk(n, r, rk._check_k(k), rk._policy(policy), out)
+    _dcmh_topk(n, r, rk.effective_k(k, n.sum(axis=1)), rk._policy(policy), out)
     return out
 
 

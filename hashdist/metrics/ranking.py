@@ -44,6 +44,13 @@ def _check_k(k) -> int:
     return int(k)
 
 
+def effective_k(k, n_all) -> int:
+    """K for the kernels: a K beyond the largest list (``n_all``: each query's item count, an array or a number)
+    is that list's length, since the whole list is then used (docs/metrics.md, section 4: K > Nall behaves as
+    K = Nall). Nothing is ever sized by K."""
+    return max(1, min(_check_k(k), int(np.max(n_all, initial=0))))
+
+
 def as_histogram(H) -> np.ndarray:
     """``H`` as contiguous int64 counts of shape (Q, B+1, G+1); a ValueError naming the shape otherwise."""
     H = np.ascontiguousarray(H, dtype=np.int64)
@@ -244,7 +251,7 @@ def average_precision_at_k(H, k, normaliser: str = "retrieved", policy: str = "e
         raise ValueError(f"AP@K normaliser must be one of {AP_AT_K_NORMALISERS}, got {normaliser!r}")
     n, r = group_counts(H)
     out = np.empty(n.shape[0])
-    _ap_at_k(n, r, _check_k(k), AP_AT_K_NORMALISERS.index(normaliser), _policy(policy), out)
+    _ap_at_k(n, r, effective_k(k, group_totals(H)[0]), AP_AT_K_NORMALISERS.index(normaliser), _policy(policy), out)
     return out
 
 
@@ -267,13 +274,14 @@ def _hits_at_k(n, r, K, policy, out):
 def _hits(H, k, policy):
     n, r = group_counts(H)
     out = np.empty(n.shape[0])
-    _hits_at_k(n, r, _check_k(k), _policy(policy), out)
+    _hits_at_k(n, r, effective_k(k, group_totals(H)[0]), _policy(policy), out)
     return out
 
 
 def precision_at_k(H, k, policy: str = "expected") -> np.ndarray:
-    """Relevant items in the top K divided by K (also when fewer than K items exist)."""
-    return _hits(H, k, policy) / _check_k(k)
+    """Relevant items in the top K divided by K; a K beyond the query's Nall items is Nall (P@Nall = R/Nall)."""
+    n_all = group_totals(H)[0]
+    return _hits(H, k, policy) / np.minimum(effective_k(k, n_all), np.maximum(n_all, 1))
 
 
 def recall_at_k(H, k, policy: str = "expected") -> np.ndarray:
@@ -420,9 +428,8 @@ def _ideal_dcg(H, gains, K, D, out):
 
 
 def _discounted(H, k, policy, gains, structhash):
-    K = _check_k(k)
-    D = _cumulative_discounts(int(min(K, max(group_totals(H)[0].max(initial=0), 1))), structhash)
-    K_eff = min(K, len(D) - 1)
+    K_eff = effective_k(k, group_totals(H)[0])
+    D = _cumulative_discounts(K_eff, structhash)
     dcg = np.empty(H.shape[0])
     _dcg(H, gains, K_eff, _policy(policy), D, dcg)
     return dcg, D, K_eff
@@ -447,9 +454,9 @@ def ndcg_structhash_at_k(H, k, policy: str = "expected") -> np.ndarray:
     H = as_histogram(H)
     gains = np.ones(H.shape[2])
     gains[0] = 0.0
-    dcg, _, _ = _discounted(H, k, policy, gains, True)
-    norm = _cumulative_discounts(_check_k(k), True)[-1]
-    R = group_totals(H)[1]
+    dcg, D, K_eff = _discounted(H, k, policy, gains, True)
+    n_all, R = group_totals(H)
+    norm = D[np.clip(n_all, 1, K_eff)]  # sum_{i <= K} S(i), K beyond the query's Nall items being Nall
     return np.where(R > 0, dcg / norm, np.nan)
 
 

@@ -179,9 +179,14 @@ def convention_tables(report: dict) -> list[tuple[str, list[str], list[list[str]
     return out
 
 
+def _has_interval(v: dict) -> bool:
+    """Whether a measure's tie orders move it: best and worst defined and apart."""
+    return fmt(v["worst"]) != "n/a" and v["worst"] != v["best"]
+
+
 def headline_table(report: dict) -> tuple[str, list[str], list[list[str]]]:
     """The headline measures as "expected [worst, best]": the value to publish and what tie order can move it."""
-    rows = [[label, (f"{fmt(v['expected'])} [{fmt(v['worst'])}, {fmt(v['best'])}]" if v["worst"] != v["best"]
+    rows = [[label, (f"{fmt(v['expected'])} [{fmt(v['worst'])}, {fmt(v['best'])}]" if _has_interval(v)
              else fmt(v["expected"])) + radius_context(report, label, short=True)]
             for label, v in headline_rows(report["metrics"])]
     return ("Headline: expected over all orders of tied items [worst, best order]; publish expected",
@@ -200,7 +205,24 @@ def format_table(report: dict) -> str:
     q = report["queries"]
     parts.append(f"queries: {q['evaluated']} evaluated of {q['total']} ({q['without_relevant']} without relevant "
                  "items)")
+    reason = no_relevant_reason(report)
+    if reason:
+        parts.append(reason)
     return "\n\n".join(parts)
+
+
+def no_relevant_reason(report: dict) -> str | None:
+    """Why every measure is 0 or undefined, when no query has a relevant database item (docs/metrics.md,
+    section 3); None when some query has one."""
+    q = report["queries"]
+    if q["total"] == 0 or q["without_relevant"] < q["total"]:
+        return None
+    outcome = ("each counts as 0 (--empty-queries zero), so every mean is 0 and AUC is undefined" if q["evaluated"]
+               else "each is excluded from the means, so every mean over queries is undefined (n/a) and every "
+               "micro count is 0")
+    return (f"No query has a relevant database item: all {q['total']:,} queries have R = 0 under this ground truth "
+            f"(labels no database item shares, an empty epsilon ball, or grades all 0); {outcome} (docs/metrics.md, "
+            "section 3).")
 
 
 # -- HTML ----------------------------------------------------------------------
@@ -251,9 +273,15 @@ def _radius(plt, report, per_query, bucket_sizes):
     return fig
 
 
+def plotted_cutoffs(report: dict) -> list[int]:
+    """The cut-offs N of the report's curves over N up to the database size (a larger K is the database size:
+    its values repeat those at Nall, docs/metrics.md section 4)."""
+    return [int(n) for n in report["metrics"]["precision_at_n"] if int(n) <= report["dataset"]["n_database"]]
+
+
 def _precision_at_n(plt, report, per_query, bucket_sizes):
     m = report["metrics"]
-    cutoffs = [int(n) for n in m["precision_at_n"]]
+    cutoffs = plotted_cutoffs(report)
     fig, ax = plt.subplots(figsize=(5, 4))
     widest = 0.0
     for key, name in (("precision_at_n", "P@N"), ("recall_at_n", "R@N")):
@@ -347,9 +375,16 @@ FIGURES = {
 }
 
 
+QUERY_FREE_FIGURES = ("code_usage",)  # drawn from the database alone: also when no query was evaluated
+
+
 def plots(report: dict, per_query: dict, bucket_sizes: np.ndarray) -> dict[str, str]:
-    """Every figure of :data:`FIGURES` as a base64 PNG, by name."""
-    return draw_figures(FIGURES, report, per_query, bucket_sizes)
+    """Every figure of :data:`FIGURES` as a base64 PNG, by name; with no evaluated query (or no relevant item
+    in any query) only those of QUERY_FREE_FIGURES: the others would plot nothing or only zeros."""
+    figures = FIGURES
+    if no_relevant_reason(report):
+        figures = {name: f for name, f in FIGURES.items() if name in QUERY_FREE_FIGURES}
+    return draw_figures(figures, report, per_query, bucket_sizes)
 
 
 # what a label's parameter stands for in the definitions: "mAP@{}" is mAP@K, "P@N={}" is P@N
@@ -382,12 +417,16 @@ def _headline_html(report: dict) -> str:
     lead = (f"<p class='lead'><b>{html.escape(label)} {fmt(first['expected'])}</b>: any order of tied items gives "
             f"{fmt(first['worst'])} to {fmt(first['best'])}; publish {fmt(first['expected'])}, the expected value "
             "(the exact mean over all tie orders).</p>")
+    if fmt(first["expected"]) == "n/a":
+        lead = f"<p class='lead'><b>{html.escape(label)} n/a</b>: undefined, a mean over no query.</p>"
     items = "".join(f"<li>{html.escape(name)} <b>{fmt(v['expected'])}</b>"
-                    + (f" [{fmt(v['worst'])}, {fmt(v['best'])}]" if v["worst"] != v["best"] else "")
+                    + (f" [{fmt(v['worst'])}, {fmt(v['best'])}]" if _has_interval(v) else "")
                     + html.escape(radius_context(report, name)) + "</li>" for name, v in rest)
+    reason = no_relevant_reason(report)
+    why = f"<p class='no-relevant' id='no-relevant'><b>{html.escape(reason)}</b></p>" if reason else ""
     return (f"<section class='headline'><p>{d['n_queries']:,} queries x {d['n_database']:,} database items, "
             f"{d['nbits']}-bit codes, {html.escape(str(d['relevance']))} relevance; {q['evaluated']:,} of "
-            f"{q['total']:,} queries evaluated ({q['without_relevant']:,} without relevant items).</p>{lead}"
+            f"{q['total']:,} queries evaluated ({q['without_relevant']:,} without relevant items).</p>{why}{lead}"
             f"<ul class='measures'>{items}</ul></section>")
 
 

@@ -23,6 +23,8 @@ from hashdist.report.evaluation import (
     dataset_name,
     definitions,
     format_table,
+    no_relevant_reason,
+    plotted_cutoffs,
     provenance,
     provenance_rows,
     tables,
@@ -143,7 +145,7 @@ def _precision_at_n_both(plt, report, per_query, bucket_sizes):
     fig, ax = plt.subplots(figsize=(5, 4))
     for i, (task, sub) in enumerate(report["tasks"].items()):
         m = sub["metrics"]["precision_at_n"]
-        cutoffs = [int(n) for n in m]
+        cutoffs = plotted_cutoffs(sub)
         ax.plot(cutoffs, [m[str(n)]["expected"] for n in cutoffs], label=task_label(task), **task_style(i))
     ax.set(xscale="log", xlabel="cut-off N", ylabel="P@N (macro, expected)", title="precision against N, per task",
            ylim=(0, 1.05))
@@ -203,7 +205,10 @@ def _lead(report: dict) -> str:
     return (f"<section class='headline'><p>{d['n_queries']:,} queries x {d['n_database']:,} database items, "
             f"{d['nbits']}-bit codes, {html.escape(str(d['relevance']))} relevance, {len(report['tasks'])} tasks."
             f"</p><p class='lead'>{html.escape(label)}: {values}; <span class='nowrap'>mean {value(mean)}</span>: "
-            "expected over all orders of tied items [worst, best order]; publish expected.</p></section>")
+            "expected over all orders of tied items [worst, best order]; publish expected.</p>"
+            + "".join(f"<p class='no-relevant'><b>{html.escape(task_label(t))}: {html.escape(reason)}</b></p>"
+                      for t, r in report["tasks"].items() if (reason := no_relevant_reason(r)))
+            + "</section>")
 
 
 def render_tasks_html(report: dict, images: dict[str, str]) -> str:

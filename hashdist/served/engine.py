@@ -50,7 +50,7 @@ def served_entries(ds: Dataset, plan: Plan, run: ServedList, order: str) -> Serv
     words = read_rows(ds, "database/codes", ids)
     distance = pair_distances(ds.codes("queries", 0, ds.n_queries), words, queries, rows)
     query_rel, item_rel = _relevance(ds, plan, ids)
-    grade = pair_grades(plan.relevance, queries, rows, flat[valid], query_rel, item_rel, plan.largest_grade)
+    grade = pair_grades(plan.relevance, queries, rows, flat[valid], query_rel, item_rel, plan.grade_top)
     if run.distances is not None:
         given = run.distances.reshape(-1)[valid]
         wrong = np.zeros(flat.size, dtype=bool)

@@ -93,7 +93,7 @@ def _publish(log, methods, comparison: dict) -> None:
     if outputs:
         log.info("comparison: " + ", ".join(absolute(p) for p in outputs.values()))
         link_artifact(outputs["comparison_html"], f"hashdist-comparison-page-{key}",
-                      f"hashdist comparison of {markdown_text(', '.join(comparison['ranking']))}")
+                      f"hashdist comparison of {markdown_text(', '.join(next(iter(per_task.values()))['ranking']))}")
 
 
 def _one_task(evaluation: Evaluation, task: str | None) -> Evaluation:

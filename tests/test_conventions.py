@@ -273,7 +273,7 @@ def test_report_conventions_match_the_histogram_and_the_default_metrics(class_da
     ev = evaluate_local(class_dataset, cache=False, k=ks, conventions=list(NAMES), query_block_rows=16)
     report = ev.report
     assert report["parameters"]["conventions"] == list(NAMES)
-    _, _, plan, _ = prepare(class_dataset)
+    _, _, plan, *_ = prepare(class_dataset)
     ds_q, ds_n = report["dataset"]["n_queries"], report["dataset"]["n_database"]
     H = compute_histogram(plan, Block(0, ds_q, 0, ds_n, ""))["H"]
     assert report["conventions"] == hashdist_conventions(H, ks)

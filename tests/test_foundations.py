@@ -37,10 +37,10 @@ def test_lgap_at_full_radius_of_2048_bit_codes_is_quick():
 
 def test_recorded_block_rows_and_threads(class_dataset):
     """The report records the block sizes the plan used (not the first block's rows) and the threads."""
-    _, _, plan, parameters = prepare(class_dataset, query_block_rows=20, db_block_rows=700)
+    _, _, plan, parameters, _ = prepare(class_dataset, query_block_rows=20, db_block_rows=700)
     assert parameters["query_block_rows"] == plan.query_block_rows == 32  # rounded up to 16-row chunks
     assert parameters["db_block_rows"] == plan.db_block_rows == 1000  # rounded up to 500-row chunks
-    _, _, plan, parameters = prepare(class_dataset)  # defaults larger than the data: 70 queries, 3000 items
+    _, _, plan, parameters, _ = prepare(class_dataset)  # defaults larger than the data: 70 queries, 3000 items
     assert parameters["query_block_rows"] == 2048 and plan.query_blocks == ((0, 70),)
     report = evaluate_local(class_dataset, cache=False).report
     assert report["parameters"]["query_block_rows"] == 2048
@@ -83,10 +83,10 @@ def test_every_registered_measure_has_a_place_in_the_report():
 def test_partials_merge_in_any_order_gives_identical_results(class_dataset, parts, code_parts, threads):
     """The one reduction: any share of the blocks, merged in any order, with the distinct codes in any
     number of parts and passes, finishes to the same bits."""
-    _, params, plan, _ = prepare(class_dataset, query_block_rows=16, db_block_rows=500)
+    _, params, plan, *_ = prepare(class_dataset, query_block_rows=16, db_block_rows=500)
     cache = BlockCache(None)
     reference = run_local(plan, params, cache, threads=1)
-    _, _, plan, _ = prepare(class_dataset, query_block_rows=16, db_block_rows=500, code_parts=code_parts)
+    _, _, plan, *_ = prepare(class_dataset, query_block_rows=16, db_block_rows=500, code_parts=code_parts)
     plan = replace(for_threads(plan, threads), parts_per_pass=threads)  # a pass per `threads` parts
     assert len(code_passes(plan)) == -(-code_parts // threads)
     pieces = [run_blocks(plan, run, cache) for run in work_shares(plan, parts)]

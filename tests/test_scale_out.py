@@ -74,7 +74,7 @@ def test_code_counts_in_passes_count_every_row_once(class_dataset, tmp_path, spi
     from hashdist.engine.plan import code_passes, for_threads
     from hashdist.kernels.codecounts import merge_code_counts
 
-    _, _, plan, _ = prepare(class_dataset, db_block_rows=500, code_parts=7)
+    _, _, plan, *_ = prepare(class_dataset, db_block_rows=500, code_parts=7)
     plan = replace(for_threads(plan, 1), parts_per_pass=2)  # 4 passes
     spill = str(tmp_path) if spilled else None
     codes = open_dataset(class_dataset).codes("database", 0, 3000)[:, 0]

@@ -350,19 +350,24 @@ def check_served(run: ServedList, n_queries: int, n_database: int) -> None:
             _one_based_hint(run, ids, n_database))
     if run.is_range:
         _refuse(run, ids == -1, "-1 (a radius lookup's sets hold no padding)")
-        query = run.query_of_entries()
-        order = np.lexsort((ids, query))
-    else:
-        valid = ids >= 0
-        later = np.zeros_like(valid)
-        later[:, :-1] = np.logical_or.accumulate(valid[:, ::-1], axis=1)[:, ::-1][:, 1:]
-        _refuse(run, ~valid & later, "-1 padding before a valid id (padding is a trailing run only)")
+        _refuse_twice(run, shown, run.query_of_entries(), np.lexsort((ids, run.query_of_entries())))
+        return
+    valid = ids >= 0
+    later = np.zeros_like(valid)
+    later[:, :-1] = np.logical_or.accumulate(valid[:, ::-1], axis=1)[:, ::-1][:, 1:]
+    _refuse(run, ~valid & later, "-1 padding before a valid id (padding is a trailing run only)")
+    in_row = np.sort(ids, axis=1)  # a row's repeats are neighbours once sorted: the check costs a row sort
+    if ((in_row[:, 1:] == in_row[:, :-1]) & (in_row[:, 1:] >= 0)).any():
         query = run.query_of_entries().reshape(-1)
-        order = np.lexsort((np.arange(ids.size), ids.reshape(-1), query))  # served order within equal ids
-    flat_ids = ids.reshape(-1)
+        _refuse_twice(run, shown, query, np.lexsort((np.arange(ids.size), ids.reshape(-1), query)))
+
+
+def _refuse_twice(run: ServedList, shown: np.ndarray, query: np.ndarray, order: np.ndarray) -> None:
+    """Refuse an id served twice to one query, naming the first repeat in served order (``order``: the entries
+    sorted by query, then id, then served position)."""
+    flat_ids, query = run.ids.reshape(-1), query.reshape(-1)
     twice = np.zeros(flat_ids.size, dtype=bool)
-    same = (flat_ids[order][1:] == flat_ids[order][:-1]) & (query.reshape(-1)[order][1:] ==
-                                                             query.reshape(-1)[order][:-1])
+    same = (flat_ids[order][1:] == flat_ids[order][:-1]) & (query[order][1:] == query[order][:-1])
     twice[order[1:][same & (flat_ids[order][1:] >= 0)]] = True
     _refuse(run, twice, "an id served twice to one query (a list holds each item once)",
             lambda i: f"id {shown.reshape(-1)[i]}")

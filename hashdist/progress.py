@@ -126,7 +126,8 @@ class _BlockLines(_NoBar):
 
     def _say(self) -> None:
         if self.total and self.n >= self.total:
-            phase(f"reducing the {self.total} block{'s' if self.total != 1 else ''}' counts to the metrics")
+            whose = "blocks'" if self.total != 1 else "block's"
+            phase(f"reducing the {self.total} {whose} counts to the metrics")
             return
         of = f" of {self.total}" if self.total else ""
         phase(f"computing blocks: {self.n}{of} done" + (f", {self.postfix}" if self.postfix else ""))

@@ -44,7 +44,7 @@ from hashdist.errors import InputError, check_integer, check_number, is_integer,
 from hashdist.kernels.distance import KINDS, DistanceAxis, asymmetric_axis, check_bins, check_weights, weighted_axis
 from hashdist.metrics.conventions import BY_NAME, CONVENTIONS
 from hashdist.metrics.summary import EMPTY_QUERY_RULES, MetricParams
-from hashdist.served.engine import served_entries
+from hashdist.served.engine import ServedRun
 from hashdist.served.lists import check_width, parse_served, read_served, split_key
 from hashdist.served.measures import ORDERS
 
@@ -247,8 +247,8 @@ class EvaluateOptions:
         return PreparedRun(ds, params, plan, self._parameters(params, plan, axis), served)
 
     def _served(self, ds: Dataset, plan: Plan, params: MetricParams) -> tuple:
-        """The served runs of this dataset (or task): read, checked against the dataset, their entries' distances
-        and grades recomputed (hashdist.served.engine)."""
+        """The served runs of this dataset (or task): read and checked against the dataset's sizes; their entries'
+        distances and grades are recomputed, and checked, by the metric items (hashdist.served.engine)."""
         runs = []
         for key, source in self.served.items():
             task, name = split_key(key)
@@ -264,7 +264,7 @@ class EvaluateOptions:
                                  f"--distance {params.distance}")
             run = read_served(key, source, ds.n_queries, ds.n_database, ds.nbits)
             check_width(run, params.ks)
-            runs.append(served_entries(ds, plan, run, self.served_order))
+            runs.append(ServedRun(run, self.served_order))
         return tuple(runs)
 
     def _parameters(self, params: MetricParams, plan: Plan, axis: DistanceAxis | None) -> dict:
@@ -317,7 +317,7 @@ class PreparedRun(NamedTuple):
     params: MetricParams
     plan: Plan
     parameters: dict
-    served: tuple = ()  # hashdist.served.measures.ServedEntries, one per served run
+    served: tuple = ()  # hashdist.served.engine.ServedRun, one per served run
 
 
 def _check_against(params: MetricParams, nbits: int) -> None:

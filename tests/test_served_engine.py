@@ -10,6 +10,7 @@ import pytest
 from hashdist.api import evaluate_local
 from hashdist.cli import main
 from hashdist.data.dataset import open_dataset
+from hashdist.errors import InputError
 
 
 @pytest.fixture(scope="module")
@@ -83,3 +84,72 @@ def test_the_outputs_show_the_served_runs(class_dataset, served_files, tmp_path,
     assert per_query.mean() == pytest.approx(recall["expected"], abs=1e-12)
     page = (out / "report.html").read_text()
     assert "Served lists against the exhaustive ranking" in page and "neighbour recall@K at the largest K" in page
+
+
+@pytest.mark.parametrize("relevance", ["class", "multilabel"])
+def test_recomputed_entries_are_brute_force_pairs_in_every_chunk(tmp_path, relevance):
+    """A metric item's rows recompute each entry's distance and grade (the database read chunk by chunk, entries
+    grouped by chunk) exactly as a brute-force loop over the pairs does; padding stays -1 / 0; a radius lookup's
+    in-ball counts likewise."""
+    from hashdist.options import EvaluateOptions
+    from hashdist.served.engine import recompute, served_entries
+    from tests.conftest import make_dataset
+
+    path = make_dataset(tmp_path, n_db=400, n_q=30, nbits=12 if relevance == "class" else 65, kind=relevance,
+                        seed=7, chunk_rows=37)
+    rng = np.random.default_rng(11)
+    ids = np.stack([rng.permutation(400)[:25] for _ in range(30)])
+    ids[rng.random(30) < 0.3, 20:] = -1
+    run = EvaluateOptions(k=(5,), max_grade=2, served={"r": ids}).resolve(path)
+    ds, plan, served = run.ds, run.plan, run.served[0]
+    q, db = ds.codes("queries", 0, 30), ds.codes("database", 0, 400)
+    ql, dbl = ds.labels("queries", 0, 30), ds.labels("database", 0, 400)
+    part = served.rows(9, 23)
+    distance, grade = recompute(ds, plan, part.lists)
+    for e, item in enumerate(part.lists.ids.reshape(-1)):
+        query = 9 + e // 25
+        if item < 0:
+            assert (distance[e], grade[e]) == (-1, 0)
+            continue
+        assert distance[e] == sum(bin(int(a) ^ int(b)).count("1") for a, b in zip(q[query], db[item], strict=True))
+        expected = int(ql[query] == dbl[item]) if relevance == "class" else min(  # counted up to cap + 1
+            3, sum(bin(int(a) & int(b)).count("1") for a, b in zip(ql[query], dbl[item], strict=True)))
+        assert grade[e] == expected
+    lims = np.concatenate([[0], np.cumsum(rng.integers(0, 9, 30))])
+    ball = np.concatenate([rng.permutation(400)[: lims[i + 1] - lims[i]] for i in range(30)])
+    run = EvaluateOptions(k=(5,), served={"b": {"lims": lims, "I": ball, "radius": 4}}).resolve(path)
+    entries, flagged = served_entries(ds, plan, run.served[0].rows(3, 30))
+    for i, query in enumerate(range(3, 30)):
+        within = [x for x in ball[lims[query] : lims[query + 1]]
+                  if np.bitwise_count(q[query] ^ db[x]).sum() <= 4]
+        assert entries.in_ball[i] == len(within) and entries.served[i] == lims[query + 1] - lims[query]
+    assert flagged["count"].sum() == 0
+
+
+@pytest.mark.parametrize("engine", ["local", "flow"])
+def test_disagreeing_distances_are_counted_over_every_item(class_dataset, served_files, tmp_path, engine, capsys,
+                                                           prefect_api):
+    """Metric items recompute their own rows; the error still counts the entries of every item and names the first
+    query, whichever item finishes first; nothing is written."""
+    from flows.evaluate import run_evaluation
+    from tests.conftest import assert_refused
+
+    with np.load(served_files["exact"]) as z:
+        ids, D = z["I"], z["D"].copy()
+    D[50, 3] += 1
+    D[17, 0] += 2
+    D[17, 9] += 1
+    D[5, 19] -= 1
+    np.savez(tmp_path / "x.npz", I=ids, D=D)
+    needle = (f"--served x ({tmp_path / 'x.npz'}): a served distance that disagrees with the codes in 4 entries, "
+              f"first at query 5 position 19 (served {D[5, 19]}, recomputed {D[5, 19] + 1})")
+    out = tmp_path / "out"
+    if engine == "local":
+        assert_refused(capsys, ["evaluate", class_dataset, "--out", out, "--engine", "local", "--k", "5",
+                                "--query-block-rows", "16", "--no-cache", "--served", f"x={tmp_path / 'x.npz'}"],
+                       needle, out)
+        return
+    with pytest.raises(InputError) as caught:
+        run_evaluation(class_dataset, cache=tmp_path / "cache", threads=2, out=str(out), k=(5,), query_block_rows=16,
+                       served={"x": str(tmp_path / "x.npz")})
+    assert needle in str(caught.value) and not out.exists()

@@ -29,6 +29,7 @@ from hashdist.kernels.codecounts import ball_lookup_table, max_bucket_within, me
 from hashdist.kernels.codeusage import bucket_sizes, code_usage, merge_bucket_sizes
 from hashdist.metrics.conventions import conventions_report
 from hashdist.metrics.summary import MetricParams, aggregate, concat_per_query, per_query_metrics
+from hashdist.served.engine import refuse_flagged, served_entries
 from hashdist.served.measures import served_section, served_values
 
 
@@ -82,12 +83,16 @@ def part_max_buckets(plan: Plan, part: CodePart, start: int, stop: int, shells: 
     return part.max_buckets((ds or open_dataset(plan.url, plan.task)).codes("queries", start, stop), shells)
 
 
-def item_metrics(params: MetricParams, sums: dict[str, np.ndarray], M: np.ndarray, served=()) -> dict[str, np.ndarray]:
+def item_metrics(plan: Plan, params: MetricParams, sums: dict[str, np.ndarray], M: np.ndarray, served=(),
+                 ds: Dataset | None = None) -> dict[str, np.ndarray]:
     """Every per-query value of one metric item from its summed partial results and M_k; and of each served run
-    (``served``: its entries for these queries, hashdist.served.measures), beside the exhaustive histogram."""
+    (``served``: its rows for these queries, hashdist.served.engine), its entries recomputed here, beside the
+    exhaustive histogram, with the entries it flags (``served/NAME/flagged/...``)."""
     per_query = per_query_metrics(sums["H"], M, params, sums.get("H_hamming"))
     per_query.update({key: value for key, value in sums.items() if key.startswith("hashtable_")})
-    for entries in served:
+    for run in served:
+        entries, flagged = served_entries(ds or open_dataset(plan.url, plan.task), plan, run)
+        per_query.update({f"served/{run.name}/flagged/{key}": value for key, value in flagged.items()})
         per_query.update(served_values(sums["H"], entries, params))
     return per_query
 
@@ -110,8 +115,9 @@ def assemble(plan: Plan, params: MetricParams, item_values, part_sizes, bit_ones
              served=()) -> RunResult:
     """The RunResult from every metric item's per-query values (in plan order), each code part's bucket sizes,
     the per-bit set counts and the blocks' tallies: the report's means, the code usage and the block counts; and
-    a section per served run (``served``: their entries)."""
+    a section per served run (``served``: the runs, hashdist.served.engine.ServedRun)."""
     per_query = concat_per_query(list(item_values))
+    refuse_flagged(per_query, served)
     metrics, queries = aggregate(per_query, params)
     exhaustive_conventions = conventions_report(per_query, params.conventions, params.ks) if served else {}
     sections = {e.name: served_section(per_query, e, params, metrics, exhaustive_conventions) for e in served}
@@ -154,7 +160,7 @@ def reduce_blocks(executor, plan: Plan, params: MetricParams, item_parts: list[l
     CodePieces (one per group of database blocks), and keeps no reference to them. ``executor``:
     ``submit(function, *args)`` returning a handle (arguments may be handles, or lists of them),
     ``wait(handles)`` and ``gather(nested handles)``. ``plan`` comes from
-    :func:`hashdist.engine.plan.for_threads`. ``served``: the served runs' entries (hashdist.served.measures), each
+    :func:`hashdist.engine.plan.for_threads`. ``served``: the served runs (hashdist.served.engine.ServedRun), each
     metric item's rows going with its step. Records reduce_s (sums, code parts, M_k) and metrics_s;
     ``on_metrics()``, if given, is called as the metrics step starts (a flow logs its phases).
     """
@@ -179,7 +185,7 @@ def reduce_blocks(executor, plan: Plan, params: MetricParams, item_parts: list[l
     if on_metrics is not None:
         on_metrics()
     precompile.join()  # a first run: the measures compile on two cores
-    values = [executor.submit(item_metrics, params, s, m, [e.rows(start, stop) for e in served])
+    values = [executor.submit(item_metrics, plan, params, s, m, [run.rows(start, stop) for run in served], ds)
               for s, m, (_, start, stop) in zip(sums, M, items, strict=True)]
     values, sizes, bit_ones, tallies = executor.gather([values, sizes, bit_ones, tallies])
     totals = {key: sum(t[key] for t in tallies) for key in TALLIES}
@@ -220,7 +226,7 @@ def run_local(plan: Plan, params: MetricParams, cache: BlockCache, *, threads: i
               served=()) -> RunResult:
     """Run every block of the plan with ``threads`` threads in this process; returns a RunResult.
 
-    ``progress(block, cached)`` is called after each histogram block; ``served``: the served runs' entries.
+    ``progress(block, cached)`` is called after each histogram block; ``served``: the served runs.
     """
     t0 = time.perf_counter()
     precompile.start()

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -30,15 +30,17 @@ from hashdist.data.dataset import TASK_ARROW, parse_task
 from hashdist.errors import InputError
 
 ONE_BASED_SUFFIX = ":1based"
+SORTED_ENTRIES_PER_STEP = 1 << 20  # ids sorted at once by the repeat check
 _NPY, _NPZ, _HDF5 = b"\x93NUMPY", b"PK\x03\x04", b"\x89HDF\r\n\x1a\n"
 _DICT_KEYS = ("I", "D", "lims", "radius", "time_per_query_s", "one_based", "path")
 
 
 @dataclass(frozen=True)
 class ServedList:
-    """One served run as read: ``ids`` (Q, K) int64 with -1 padding, or for a radius lookup the ids of every query's
-    set one after another with ``lims`` (Q + 1) and ``radius``; ``distances`` as given (float64; NaN past a
-    list's end), or None; 0-based ids whatever the input's base."""
+    """One served run as read: ``ids`` (Q, K) with -1 padding, or for a radius lookup the ids of every query's set
+    one after another with ``lims`` (Q + 1) and ``radius``; ``distances`` as given (their own dtype; NaN past a
+    list's end), or None; 0-based ids whatever the input's base. ``first_query``: the query of row 0 (a slice of
+    the rows, :meth:`rows`)."""
 
     name: str
     source: str
@@ -49,10 +51,38 @@ class ServedList:
     time_per_query_s: float | None = None
     task: str | None = None
     one_based: bool = False
+    first_query: int = 0
 
     @property
     def is_range(self) -> bool:
         return self.lims is not None
+
+    @property
+    def n_rows(self) -> int:
+        """Its queries' lists (rows)."""
+        return len(self.lims) - 1 if self.is_range else int(self.ids.shape[0])
+
+    @property
+    def width(self) -> int:
+        """K of a k-NN list (its columns); 0 for a radius lookup."""
+        return 0 if self.is_range else int(self.ids.shape[1])
+
+    def rows(self, start: int, stop: int) -> ServedList:
+        """The lists of queries [start, stop) (views: nothing is copied)."""
+        if not self.is_range:
+            cut = {"ids": self.ids[start:stop], "distances": None if self.distances is None
+                   else self.distances[start:stop]}
+        else:
+            lo, hi = int(self.lims[start]), int(self.lims[stop])
+            cut = {"ids": self.ids[lo:hi], "lims": self.lims[start : stop + 1] - lo,
+                   "distances": None if self.distances is None else self.distances[lo:hi]}
+        return replace(self, first_query=self.first_query + start, **cut)
+
+    def query_of(self, entries: np.ndarray) -> np.ndarray:
+        """The row of each entry (by its index in ``ids`` flattened)."""
+        if self.is_range:
+            return np.searchsorted(self.lims, entries, side="right") - 1
+        return entries // max(self.width, 1)
 
     @property
     def label(self) -> str:
@@ -68,8 +98,9 @@ class ServedList:
         """(query, position in its list) of an entry, by its index in ``ids`` flattened."""
         if self.is_range:
             q = int(np.searchsorted(self.lims, flat_index, side="right") - 1)
-            return q, int(flat_index - self.lims[q])
-        return divmod(int(flat_index), self.ids.shape[1])
+            return self.first_query + q, int(flat_index - self.lims[q])
+        q, p = divmod(int(flat_index), self.ids.shape[1])
+        return self.first_query + q, p
 
 
 def split_key(key: str) -> tuple[str | None, str]:
@@ -146,10 +177,20 @@ def _read_npz(path: Path, label: str) -> dict:
         names = set(z.files)
         if "I" not in names:
             raise InputError(f"{label}: a .npz of served lists needs an array 'I' (has {', '.join(sorted(names))})")
-        try:
-            return {key: z[key] for key in ("I", "D", "lims", "radius", "time_per_query_s") if key in names}
+        try:  # I narrowed before D is read: the two as read are never held with I's copy
+            return {key: narrow_ids(z[key]) if key == "I" else z[key]
+                    for key in ("I", "D", "lims", "radius", "time_per_query_s") if key in names}
         except ValueError:
             raise InputError(f"{label}: contains a pickled object array (hashdist never loads pickles)") from None
+
+
+def narrow_ids(ids: np.ndarray) -> np.ndarray:
+    """Integer ids as int32 when every one fits (half of faiss's int64), else int64; anything else as given."""
+    if ids.dtype.kind not in "iu" or ids.dtype == np.int32:
+        return ids
+    if not ids.size or (int(ids.min()) >= -(2**31) and int(ids.max()) < 2**31):
+        return ids.astype(np.int32)
+    return ids.astype(np.int64, copy=False)
 
 
 def _read_hdf5(path: Path, label: str, nbits: int) -> dict:
@@ -265,7 +306,7 @@ def _as_list(name: str, source: str, fields: dict, task: str | None, one_based: 
     ids, lims = fields["I"], fields.get("lims")
     if ids.dtype.kind not in "iu":
         raise InputError(f"{label}: ids (I) must be integers, got {ids.dtype}")
-    ids = ids.astype(np.int64)
+    ids = narrow_ids(ids)
     time = fields.get("time_per_query_s")
     if time is not None:
         if time.size != 1 or not np.issubdtype(time.dtype, np.number) or not math.isfinite(float(time)):
@@ -277,7 +318,6 @@ def _as_list(name: str, source: str, fields: dict, task: str | None, one_based: 
             raise InputError(f"{label}: distances (D) must be numbers, got {distances.dtype}")
         if distances.shape != ids.shape:
             raise InputError(f"{label}: D has shape {distances.shape} but I has {ids.shape}")
-        distances = distances.astype(np.float64)
     if one_based:
         ids = np.where(ids >= 1, ids - 1, np.where(ids == 0, -2, ids))  # -2: id 0, out of range when 1-based
     radius = None
@@ -356,10 +396,20 @@ def check_served(run: ServedList, n_queries: int, n_database: int) -> None:
     later = np.zeros_like(valid)
     later[:, :-1] = np.logical_or.accumulate(valid[:, ::-1], axis=1)[:, ::-1][:, 1:]
     _refuse(run, ~valid & later, "-1 padding before a valid id (padding is a trailing run only)")
-    in_row = np.sort(ids, axis=1)  # a row's repeats are neighbours once sorted: the check costs a row sort
-    if ((in_row[:, 1:] == in_row[:, :-1]) & (in_row[:, 1:] >= 0)).any():
+    if _repeats_in_a_row(ids):
         query = run.query_of_entries().reshape(-1)
         _refuse_twice(run, shown, query, np.lexsort((np.arange(ids.size), ids.reshape(-1), query)))
+
+
+def _repeats_in_a_row(ids: np.ndarray) -> bool:
+    """Whether a row holds an id twice: a row's repeats are neighbours once sorted (rows sorted a slice at a time,
+    a few MB whatever the lists' size)."""
+    step = max(1, SORTED_ENTRIES_PER_STEP // max(ids.shape[1], 1))
+    for start in range(0, ids.shape[0], step):
+        in_row = np.sort(ids[start : start + step], axis=1)
+        if ((in_row[:, 1:] == in_row[:, :-1]) & (in_row[:, 1:] >= 0)).any():
+            return True
+    return False
 
 
 def _refuse_twice(run: ServedList, shown: np.ndarray, query: np.ndarray, order: np.ndarray) -> None:

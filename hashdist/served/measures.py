@@ -58,13 +58,6 @@ class ServedEntries:
         """K of a k-NN list (its columns); 0 for a radius lookup."""
         return 0 if self.distances is None else int(self.distances.shape[1])
 
-    def rows(self, start: int, stop: int) -> ServedEntries:
-        """The entries of queries [start, stop)."""
-        cut = {key: None if v is None else v[start:stop] for key, v in
-               (("distances", self.distances), ("grades", self.grades), ("served", self.served),
-                ("in_ball", self.in_ball))}
-        return replace(self, **cut)
-
 
 def neighbour_recall(counts: np.ndarray, distances: np.ndarray, k: int) -> dict[str, np.ndarray]:
     """Per query: neighbour recall@k (expected, best, worst), lenient and exact, from ``counts[q, d]`` (the

@@ -10,10 +10,9 @@
 2. The --served overhead: `hashdist evaluate DATA --engine local --no-html --quiet --k K --no-cache` without
    --served and with one (BIVF1024-nprobe16, Q x K entries), new processes, numba cache warm (one untimed run of
    each first), alternating, median of --repeats; each process's peak RSS (``os.wait4``). Targets: wall at most
-   +25%; peak RSS growth at most the served arrays held once: Q x K x 12 bytes (faiss's I int64 and D int32) plus
-   what hashdist keeps per entry after checking (an int16 distance and an int16 grade: 4 bytes). Then a cached
-   rerun: a run without --served fills a block cache, and --repeats runs with --served read it; report.json's
-   ``blocks`` must show every exhaustive block taken from the cache.
+   +25%; peak RSS growth at most the served arrays held once: Q x K x 12 bytes (faiss's I int64 and D int32).
+   Then a cached rerun: a run without --served fills a block cache, and --repeats runs with --served read it;
+   report.json's ``blocks`` must show every exhaustive block taken from the cache.
 3. The sweep: one `hashdist evaluate` with every --nprobe run as --served; per run from report.json: neighbour
    recall@K expected [worst, best], lenient, exact, served mAP@K (normaliser: retrieved) and P@K against the
    exhaustive ones, and the time per query the file carries.
@@ -49,7 +48,6 @@ HERE = Path(__file__).resolve().parent
 INDEX = "BIVF1024"
 TIMEOUT = 1800  # seconds for any one evaluate process
 FAISS_BYTES_PER_ENTRY = 8 + 4  # faiss's I (int64) and D (int32), as hashdist search writes them
-KEPT_BYTES_PER_ENTRY = 2 + 2  # hashdist.served.measures.ServedEntries: an int16 distance and an int16 grade
 
 
 def log(msg: str) -> None:
@@ -186,7 +184,7 @@ def sweep_table(s: dict) -> list[str]:
 def overhead_table(r: dict) -> list[str]:
     o, entries = r["overhead"], r["entries"]
     n, mib = len(o["plain"]["wall_s"]), 2**20
-    bound = entries * (FAISS_BYTES_PER_ENTRY + KEPT_BYTES_PER_ENTRY)
+    bound = entries * FAISS_BYTES_PER_ENTRY
     c = o["cached"]
     blocks = c["blocks"][-1]
     return [
@@ -196,7 +194,7 @@ def overhead_table(r: dict) -> list[str]:
         f"<= 1.25 | {'yes' if o['wall_ratio'] <= 1.25 else 'no'} |",
         f"| peak RSS, median of {n}: with --served - without | {o['served']['peak_rss_median_bytes'] / mib:.0f} - "
         f"{o['plain']['peak_rss_median_bytes'] / mib:.0f} MiB = {o['rss_growth_bytes'] / mib:.1f} MiB | <= "
-        f"{bound / mib:.1f} MiB ({entries:,} entries x ({FAISS_BYTES_PER_ENTRY} + {KEPT_BYTES_PER_ENTRY}) bytes) | "
+        f"{bound / mib:.1f} MiB ({entries:,} entries x {FAISS_BYTES_PER_ENTRY} bytes) | "
         f"{'yes' if o['rss_growth_bytes'] <= bound else 'no'} |",
         f"| cached rerun with --served (blocks from a cache filled without it), median of {n} | "
         f"{c['wall_median_s']:.2f} s, {c['peak_rss_median_bytes'] / mib:.0f} MiB; blocks {blocks['cached']} of "
@@ -212,9 +210,9 @@ def markdown(r: dict) -> str:
              f"{INDEX} searched at K = {r['sweep']['k']}, one build ({r['search_s']:.1f} s); served run in the "
              f"overhead rows: {r['overhead_run']} ({r['entries']:,} entries)", "", "## --served overhead", ""]
     lines += overhead_table(r)
-    lines += ["", f"Served arrays held once: faiss's I and D, {FAISS_BYTES_PER_ENTRY} bytes per entry; hashdist "
-              f"keeps {KEPT_BYTES_PER_ENTRY} bytes per entry after checking (int16 distance and grade) and reads I as "
-              "int64 and D as float64 (16 bytes per entry) while checking.", "", "## nprobe sweep", ""]
+    lines += ["", f"Served arrays held once: faiss's I and D, {FAISS_BYTES_PER_ENTRY} bytes per entry. hashdist holds "
+              "I as int32 (the ids fit) and D as int32, 8 bytes per entry, and each metric item its rows' "
+              "recomputed entries while it runs.", "", "## nprobe sweep", ""]
     lines += sweep_table(r["sweep"])
     lines += ["", "mAP@K: the `retrieved` normaliser; expected values over tie orders. Time per query: faiss's, from "
               "the files (`time_per_query_s`).", "", "CPU share other processes took: " + "; ".join(

@@ -69,6 +69,26 @@ def test_every_format_gives_the_same_section(small, tmp_path):
     assert "time_per_query_s" not in sections["npy"]
 
 
+def test_multi_index_hashing_output(small, tmp_path, capsys):
+    """norouzi/mih's HDF5 layout (/refs/<name><i>.res, Q x K uint32, 1-based) with :1based gives the 0-based
+    lists' section; without it the range check's hint names the suffix; a file of two result sets is refused."""
+    import h5py
+
+    ids = small["ids"].copy()
+    ids[0, -1] = 599 if 599 not in ids[0] else ids[0, -1]  # the last item: 600 when 1-based
+    with h5py.File(tmp_path / "mih.h5", "w") as f:
+        f.create_group("refs").create_dataset("mih0.res", data=(ids + 1).astype(np.uint32))
+    sections = _section(small["path"], {"mih": f"{tmp_path / 'mih.h5'}:1based", "ids": ids})
+    _same(sections["ids"], sections["mih"])
+    _bad(small, tmp_path, capsys, [f"mih={tmp_path / 'mih.h5'}"], "an id equals N = 600: 1-based ids? then give the "
+         "path as NAME=PATH:1based")
+    with h5py.File(tmp_path / "two.h5", "w") as f:
+        for i in range(2):
+            f.require_group("refs").create_dataset(f"mih{i}.res", data=(small["ids"] + 1).astype(np.uint32))
+    _bad(small, tmp_path, capsys, [f"two={tmp_path / 'two.h5'}:1based"], "a multi-index hashing file of 2 result "
+         "sets (/refs/mih0.res, /refs/mih1.res)")
+
+
 def test_faiss_flat_lists_are_exact(small):
     faiss = pytest.importorskip("faiss")
     index = faiss.IndexBinaryFlat(16)

@@ -9,6 +9,7 @@ Formats (told apart by their content, never by guessing ids):
 - ``.npy``: ``I`` alone;
 - ann-benchmarks result HDF5: ``neighbors``, ``distances`` (Hamming normalised by B there: multiplied back, and
   checked to be integers) and the attribute ``best_search_time`` (seconds per query);
+- multi-index hashing's HDF5 output: ``/refs/<name><i>.res`` (Q x K, 1-based ids; one result set per file);
 - TREC run files: ``qid Q0 docno rank score tag``, qid and docno the 0-based query and database indices, each
   query's lines ordered by rank (the score is not read);
 - big-ann-benchmarks binary k-NN results: uint32 n, uint32 k, n*k int32 ids, n*k float32 distances.
@@ -197,9 +198,12 @@ def _read_hdf5(path: Path, label: str, nbits: int) -> dict:
     import h5py
 
     with h5py.File(path, "r") as f:
+        if "neighbors" not in f and isinstance(f.get("refs"), h5py.Group):
+            return _read_mih(f["refs"], label)
         if "neighbors" not in f:
             raise InputError(f"{label}: an HDF5 file of served lists needs the dataset 'neighbors' (ann-benchmarks' "
-                             f"results; has {', '.join(sorted(f)) or 'nothing'})")
+                             f"results) or the group 'refs' (multi-index hashing's; has "
+                             f"{', '.join(sorted(f)) or 'nothing'})")
         out = {"I": np.asarray(f["neighbors"])}
         if "distances" in f:
             normalised = np.asarray(f["distances"], dtype=np.float64)
@@ -215,6 +219,17 @@ def _read_hdf5(path: Path, label: str, nbits: int) -> dict:
         if "best_search_time" in f.attrs:
             out["time_per_query_s"] = np.asarray(f.attrs["best_search_time"])
     return out
+
+
+def _read_mih(refs, label: str) -> dict:
+    """Multi-index hashing's HDF5 output (norouzi/mih ``saveRes``): ``/refs/<name><i>.res``, Q x K uint32 ids,
+    1-based (read as such only with NAME=PATH:1based); a file of one result set."""
+    sets = sorted(name for name in refs if name.endswith(".res"))
+    if len(sets) != 1:
+        listed = ", ".join(f"/refs/{name}" for name in sets[:4]) + (", ..." if len(sets) > 4 else "")
+        raise InputError(f"{label}: a multi-index hashing file of {len(sets)} result sets ({listed or 'none'}); "
+                         "hashdist reads a file holding one: copy the set you evaluate into a file of its own")
+    return {"I": np.asarray(refs[sets[0]])}
 
 
 def _read_bigann(path: Path, size: int) -> dict | None:

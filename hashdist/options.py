@@ -44,7 +44,7 @@ from hashdist.errors import InputError, check_integer, check_number, is_integer,
 from hashdist.kernels.distance import KINDS, DistanceAxis, asymmetric_axis, check_bins, check_weights, weighted_axis
 from hashdist.metrics.conventions import BY_NAME, CONVENTIONS
 from hashdist.metrics.summary import EMPTY_QUERY_RULES, MetricParams
-from hashdist.served.engine import ServedRun
+from hashdist.served.engine import ServedRun, refuse_early
 from hashdist.served.lists import check_width, parse_served, read_served, split_key
 from hashdist.served.measures import ORDERS
 
@@ -265,6 +265,7 @@ class EvaluateOptions:
             run = read_served(key, source, ds.n_queries, ds.n_database, ds.nbits)
             check_width(run, params.ks)
             runs.append(ServedRun(run, self.served_order))
+            refuse_early(ds, plan, runs[-1])
         return tuple(runs)
 
     def _parameters(self, params: MetricParams, plan: Plan, axis: DistanceAxis | None) -> dict:

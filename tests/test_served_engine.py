@@ -126,13 +126,17 @@ def test_recomputed_entries_are_brute_force_pairs_in_every_chunk(tmp_path, relev
     assert flagged["count"].sum() == 0
 
 
-@pytest.mark.parametrize("engine", ["local", "flow"])
-def test_disagreeing_distances_are_counted_over_every_item(class_dataset, served_files, tmp_path, engine, capsys,
-                                                           prefect_api):
+@pytest.mark.parametrize(("engine", "sample"), [("local", 20), ("flow", 20), ("local", 4096)])
+def test_disagreeing_distances_are_counted_over_every_item(class_dataset, served_files, tmp_path, engine, sample,
+                                                           capsys, monkeypatch, prefect_api):
     """Metric items recompute their own rows; the error still counts the entries of every item and names the first
-    query, whichever item finishes first; nothing is written."""
+    query, whichever item finishes first; nothing is written. With the first queries' entries checked up front
+    (``sample``: 20, query 0 alone, which agrees; 4,096: every query) the same line comes before any block."""
     from flows.evaluate import run_evaluation
+    from hashdist.served import engine as served_engine
     from tests.conftest import assert_refused
+
+    monkeypatch.setattr(served_engine, "SAMPLE_ENTRIES", sample)
 
     with np.load(served_files["exact"]) as z:
         ids, D = z["I"], z["D"].copy()
@@ -145,9 +149,12 @@ def test_disagreeing_distances_are_counted_over_every_item(class_dataset, served
               f"first at query 5 position 19 (served {D[5, 19]}, recomputed {D[5, 19] + 1})")
     out = tmp_path / "out"
     if engine == "local":
+        cache = tmp_path / "cache"
         assert_refused(capsys, ["evaluate", class_dataset, "--out", out, "--engine", "local", "--k", "5",
-                                "--query-block-rows", "16", "--no-cache", "--served", f"x={tmp_path / 'x.npz'}"],
+                                "--query-block-rows", "16", "--cache", cache, "--served", f"x={tmp_path / 'x.npz'}"],
                        needle, out)
+        blocks = [p for p in cache.rglob("*") if p.is_file()] if cache.exists() else []
+        assert bool(blocks) == (sample == 20)  # checked up front: no block ran
         return
     with pytest.raises(InputError) as caught:
         run_evaluation(class_dataset, cache=tmp_path / "cache", threads=2, out=str(out), k=(5,), query_block_rows=16,

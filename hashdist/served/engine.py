@@ -7,6 +7,7 @@ hashdist.served.lists); a metric item gets its rows (:meth:`ServedRun.rows`, vie
 only: the measures (hashdist.served.measures) and, per query, the entries whose given distance disagrees
 (:func:`flagged_values`). :func:`refuse_flagged` turns those into the one-line error once every item is in, naming
 the first offending query and position and how many entries are affected, before anything is written.
+:func:`refuse_early` checks the first queries' entries before any block runs.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from hashdist.served.lists import ServedList
 from hashdist.served.measures import ServedEntries
 from hashdist.served.pairs import pair_distances, pair_grades
 
+SAMPLE_ENTRIES = 1 << 12  # entries of the first queries whose given distances are checked before any block runs
 FLAGGED = ("count", "position", "given", "recomputed")  # per query: entries flagged, the first's position and values
 _DISTANCE_HINT = ("; normalised distances (a fraction of B) or 1-based ids (NAME=PATH:1based)? hashdist recomputes "
                   "every distance from the codes")
@@ -144,3 +146,21 @@ def refuse_flagged(per_query: dict[str, np.ndarray], runs) -> None:
                                  f"served {given[q]:g}, recomputed {recomputed[q]}", _DISTANCE_HINT)
         raise InputError(f"{run.lists.label}: {what} in {total} {entries}, first at query {q} position "
                          f"{position[q]} ({shown}){hint}")
+
+
+def refuse_early(ds: Dataset, plan: Plan, run: ServedRun) -> None:
+    """Before any block runs: the given distances of the first queries' entries (about SAMPLE_ENTRIES), so a
+    systematic error (normalised distances, 1-based ids read as 0-based) is refused at once, not after the
+    exhaustive pass. When one disagrees every entry is checked here, and the line counts them all; otherwise the
+    metric items check the rest as they run."""
+    lists = run.lists
+    if lists.distances is None or not lists.n_rows:
+        return
+    if lists.is_range:
+        rows = int(np.searchsorted(lists.lims, SAMPLE_ENTRIES, side="right"))
+    else:
+        rows = SAMPLE_ENTRIES // max(lists.width, 1)
+    _, flagged = served_entries(ds, plan, run.rows(0, min(max(rows, 1), lists.n_rows)))
+    if flagged["count"].any():
+        _, flagged = served_entries(ds, plan, run)
+        refuse_flagged({f"served/{run.name}/flagged/{key}": value for key, value in flagged.items()}, [run])

@@ -160,3 +160,16 @@ def test_disagreeing_distances_are_counted_over_every_item(class_dataset, served
         run_evaluation(class_dataset, cache=tmp_path / "cache", threads=2, out=str(out), k=(5,), query_block_rows=16,
                        served={"x": str(tmp_path / "x.npz")})
     assert needle in str(caught.value) and not out.exists()
+
+
+def test_grouping_by_chunk_is_a_stable_sort_of_the_chunk_numbers():
+    """The counting sort against numpy's stable argsort of id // chunk (padding last), int32 and int64 ids."""
+    from hashdist.served.pairs import group_by_chunk
+
+    rng = np.random.default_rng(4)
+    for dtype in (np.int32, np.int64):
+        ids = rng.integers(-1, 1000, 5000).astype(dtype)
+        order, bounds = group_by_chunk(ids, 64, 16)
+        key = np.where(ids >= 0, ids // 64, 16)
+        assert np.array_equal(order, np.argsort(key, kind="stable"))
+        assert np.array_equal(bounds, np.concatenate([[0], np.cumsum(np.bincount(key, minlength=17))]))

@@ -221,3 +221,19 @@ def test_a_radius_lookup():
                                 "precision": pytest.approx((1 + 0 + 0) / 3),
                                 "micro": {"recall": pytest.approx(2 / 5), "precision": pytest.approx(2 / 3)},
                                 "queries_with_empty_ball": 1, "queries_served_nothing": 1}
+
+
+@pytest.mark.parametrize("order", ["distance", "as-served"])
+def test_queries_taken_a_few_at_a_time_give_the_same_values(order, monkeypatch):
+    """served_values builds the served histograms a few queries at a time (bounded memory at any K); one query per
+    step gives bit-identical values to all of them in one step (checked against the references above)."""
+    from hashdist.served import measures
+
+    rng = np.random.default_rng(9)
+    queries = [_random_query(rng) for _ in range(11)]
+    whole, *_ = _hashdist_values(queries, order=order)
+    monkeypatch.setattr(measures, "HISTOGRAM_CELLS_PER_STEP", 1)
+    stepped, *_ = _hashdist_values(queries, order=order)
+    assert whole.keys() == stepped.keys()
+    for key, value in whole.items():
+        assert np.array_equal(value, stepped[key], equal_nan=True), key

@@ -21,7 +21,7 @@ from hashdist.engine.plan import Plan
 from hashdist.errors import InputError
 from hashdist.served.lists import ServedList
 from hashdist.served.measures import ServedEntries
-from hashdist.served.pairs import pair_distances, pair_grades
+from hashdist.served.pairs import group_by_chunk, pair_distances, pair_grades
 
 SAMPLE_ENTRIES = 1 << 12  # entries of the first queries whose given distances are checked before any block runs
 FLAGGED = ("count", "position", "given", "recomputed")  # per query: entries flagged, the first's position and values
@@ -60,15 +60,12 @@ def _item_relevance(ds: Dataset, plan: Plan, run: ServedList):
 
 def recompute(ds: Dataset, plan: Plan, run: ServedList) -> tuple[np.ndarray, np.ndarray]:
     """(distance, grade) of every entry of ``run``'s rows, flat in entry order (-1 and 0 where there is no entry):
-    the entries grouped by the database chunk their id falls in (a stable radix sort of the chunk numbers), each
-    chunk read once, its entries' pairs computed as the histogram kernels count them."""
-    flat = run.ids.reshape(-1)
+    the entries grouped by the database chunk their id falls in (a counting sort), each chunk read once, its
+    entries' pairs computed as the histogram kernels count them."""
+    flat = np.ascontiguousarray(run.ids).reshape(-1)
     chunk = ds.array("database/codes").chunks[0]
     n_chunks = -(-ds.n_database // chunk)
-    key = np.where(flat >= 0, flat // chunk, n_chunks).astype(np.uint16 if n_chunks < 2**16 - 1 else np.int64)
-    order = np.argsort(key, kind="stable")
-    bounds = np.concatenate([[0], np.cumsum(np.bincount(key, minlength=n_chunks + 1))])
-    del key
+    order, bounds = group_by_chunk(flat, chunk, n_chunks)
     start = run.first_query
     query_words = ds.codes("queries", start, start + run.n_rows)
     query_rel = _item_relevance(ds, plan, run)

@@ -366,12 +366,16 @@ def _check_range_fields(label: str, fields: dict, ids: np.ndarray, lims: np.ndar
 # -- checks ----------------------------------------------------------------------------------------------------
 
 
-def _refuse(run: ServedList, mask: np.ndarray, what: str, detail=None, hint: str = "") -> None:
-    """InputError when any entry is flagged: the run, how many entries, the first query and position."""
-    count = int(np.count_nonzero(mask))
+def _refuse(run: ServedList, mask, what: str, detail=None, hint: str = "") -> None:
+    """InputError when any entry is flagged (``mask``: a flag per entry, or (how many, the first's flat index)): the
+    run, how many entries, the first query and position."""
+    if isinstance(mask, tuple):
+        count, first = mask
+    else:
+        count = int(np.count_nonzero(mask))
+        first = int(np.flatnonzero(np.asarray(mask).reshape(-1))[0]) if count else -1
     if not count:
         return
-    first = int(np.flatnonzero(np.asarray(mask).reshape(-1))[0])
     q, p = run.position_of(first)
     shown = f" ({detail(first)})" if detail else ""
     entries = "entry" if count == 1 else "entries"
@@ -391,29 +395,54 @@ def _one_based_hint(run: ServedList, ids: np.ndarray, n_database: int) -> str:
 
 def check_served(run: ServedList, n_queries: int, n_database: int) -> None:
     """The lists against the dataset's sizes: one row per query, ids in range, no -1 before a valid id, no id twice
-    in a row."""
+    in a row. Each test runs on a slice of rows at a time: a flag per entry and a few MB besides."""
     ids = run.ids
     rows = len(run.lims) - 1 if run.is_range else ids.shape[0]
     if rows != n_queries:
         raise InputError(f"{run.label}: {rows} rows of served lists, but the dataset has {n_queries} queries (one "
                          "row per query, in the dataset's query order)")
-    shown = ids + 1 if run.one_based else ids
     base = "1.." + str(n_database) if run.one_based else "0.." + str(n_database - 1)
-    bad = (ids < -1) | (ids >= n_database)
-    _refuse(run, bad, f"ids out of range {base} (-1: padding)",
-            lambda i: f"id {0 if ids.reshape(-1)[i] == -2 else shown.reshape(-1)[i]}",
-            _one_based_hint(run, ids, n_database))
+    out_of_range = _flags(ids, lambda x: (x < -1) | (x >= n_database))
+    if out_of_range[0]:
+        _refuse(run, out_of_range, f"ids out of range {base} (-1: padding)",
+                lambda i: f"id {0 if ids.reshape(-1)[i] == -2 else _shown(run, i)}",
+                _one_based_hint(run, ids, n_database))
     if run.is_range:
         _refuse(run, ids == -1, "-1 (a radius lookup's sets hold no padding)")
-        _refuse_twice(run, shown, run.query_of_entries(), np.lexsort((ids, run.query_of_entries())))
+        _refuse_twice(run, run.query_of_entries(), np.lexsort((ids, run.query_of_entries())))
         return
-    valid = ids >= 0
-    later = np.zeros_like(valid)
-    later[:, :-1] = np.logical_or.accumulate(valid[:, ::-1], axis=1)[:, ::-1][:, 1:]
-    _refuse(run, ~valid & later, "-1 padding before a valid id (padding is a trailing run only)")
+    _refuse(run, _flags(ids, _padding_before_valid), "-1 padding before a valid id (padding is a trailing run only)")
     if _repeats_in_a_row(ids):
         query = run.query_of_entries().reshape(-1)
-        _refuse_twice(run, shown, query, np.lexsort((np.arange(ids.size), ids.reshape(-1), query)))
+        _refuse_twice(run, query, np.lexsort((np.arange(ids.size), ids.reshape(-1), query)))
+
+
+def _flags(ids: np.ndarray, test) -> tuple[int, int]:
+    """(how many entries ``test(rows)`` flags, the first one's flat index or -1), over slices of ``ids``' rows,
+    SORTED_ENTRIES_PER_STEP entries at a time."""
+    row = max(int(np.prod(ids.shape[1:])), 1)
+    step = max(1, SORTED_ENTRIES_PER_STEP // row)
+    count, first = 0, -1
+    for start in range(0, len(ids), step):
+        flags = test(ids[start : start + step]).reshape(-1)
+        found = int(np.count_nonzero(flags))
+        if found and first < 0:
+            first = start * row + int(np.flatnonzero(flags)[0])
+        count += found
+    return count, first
+
+
+def _padding_before_valid(rows: np.ndarray) -> np.ndarray:
+    """-1 entries followed by a valid id in their row."""
+    valid = rows >= 0
+    later = np.zeros_like(valid)
+    later[:, :-1] = np.logical_or.accumulate(valid[:, ::-1], axis=1)[:, ::-1][:, 1:]
+    return ~valid & later
+
+
+def _shown(run: ServedList, flat_index: int) -> int:
+    """An entry's id as the input gave it (1-based for a 1-based input)."""
+    return int(run.ids.reshape(-1)[flat_index]) + (1 if run.one_based else 0)
 
 
 def _repeats_in_a_row(ids: np.ndarray) -> bool:
@@ -427,7 +456,7 @@ def _repeats_in_a_row(ids: np.ndarray) -> bool:
     return False
 
 
-def _refuse_twice(run: ServedList, shown: np.ndarray, query: np.ndarray, order: np.ndarray) -> None:
+def _refuse_twice(run: ServedList, query: np.ndarray, order: np.ndarray) -> None:
     """Refuse an id served twice to one query, naming the first repeat in served order (``order``: the entries
     sorted by query, then id, then served position)."""
     flat_ids, query = run.ids.reshape(-1), query.reshape(-1)
@@ -435,7 +464,7 @@ def _refuse_twice(run: ServedList, shown: np.ndarray, query: np.ndarray, order: 
     same = (flat_ids[order][1:] == flat_ids[order][:-1]) & (query[order][1:] == query[order][:-1])
     twice[order[1:][same & (flat_ids[order][1:] >= 0)]] = True
     _refuse(run, twice, "an id served twice to one query (a list holds each item once)",
-            lambda i: f"id {shown.reshape(-1)[i]}")
+            lambda i: f"id {_shown(run, i)}")
 
 
 def check_width(run: ServedList, ks) -> None:

@@ -24,9 +24,10 @@ import numpy as np
 
 from hashdist.metrics.conventions import CONVENTIONS, conventions_report
 from hashdist.metrics.registry import MEASURES, POLICIES
-from hashdist.metrics.summary import MetricParams, aggregate, per_query_metrics
+from hashdist.metrics.summary import MetricParams, aggregate, concat_per_query, per_query_metrics
 
 ORDERS = ("distance", "as-served")
+HISTOGRAM_CELLS_PER_STEP = 1 << 18  # cells of the served histograms built at once (queries x width x grades)
 TOP_K_MEASURES = tuple(m for m in MEASURES if m.parameter == "k")  # P@K, R@K, mAP@K, NDCG@K, StructHash's NDCG
 TOP_K_CONVENTIONS = tuple(c.name for c in CONVENTIONS if c.key == "map_at_k" and c.normaliser)  # AP@K-based ones
 
@@ -126,19 +127,26 @@ def served_values(H: np.ndarray, entries: ServedEntries, params: MetricParams) -
                "range/served": np.asarray(entries.served, np.int64), "range/in_ball": np.asarray(entries.in_ball,
                                                                                                   np.int64)}
     else:
-        counts = H.sum(axis=2)
         for k in params.ks:
-            recall = neighbour_recall(counts, entries.distances, k)
-            out.update({f"neighbours/recall_at_k/{k}/{p}": recall[p] for p in POLICIES})
-            out.update({f"neighbours/lenient_at_k/{k}": recall["lenient"],
-                        f"neighbours/exact_at_k/{k}": recall["exact"]})
-            S = served_histogram(entries.distances, entries.grades, k, H.shape[1], H.shape[2], entries.order)
-            values = per_query_metrics(completed_histogram(S, H, k), None, _top_k_params(params, k),
-                                       measures=TOP_K_MEASURES)
-            for key in ("items", "tp_at_radius", "retrieved_at_radius", "capped_pairs"):
-                values.pop(key)
-            out.update(values)
+            cells = (H.shape[1] if entries.order == "distance" else k) * H.shape[2]
+            step = max(1, HISTOGRAM_CELLS_PER_STEP // cells)  # queries at once: a few MB whatever K
+            out.update(concat_per_query([_top_k_values(H[s : s + step], entries.distances[s : s + step],
+                                                       entries.grades[s : s + step], k, params, entries.order)
+                                         for s in range(0, max(H.shape[0], 1), step)]))
     return {f"served/{entries.name}/{key}": value for key, value in out.items()}
+
+
+def _top_k_values(H: np.ndarray, distances: np.ndarray, grades: np.ndarray, k: int, params: MetricParams,
+                  order: str) -> dict[str, np.ndarray]:
+    """Neighbour recall@k and the top-k measures of a few queries."""
+    recall = neighbour_recall(H.sum(axis=2), distances, k)
+    out = {f"neighbours/recall_at_k/{k}/{p}": recall[p] for p in POLICIES}
+    out.update({f"neighbours/lenient_at_k/{k}": recall["lenient"], f"neighbours/exact_at_k/{k}": recall["exact"]})
+    S = served_histogram(distances, grades, k, H.shape[1], H.shape[2], order)
+    values = per_query_metrics(completed_histogram(S, H, k), None, _top_k_params(params, k), measures=TOP_K_MEASURES)
+    for key in ("items", "tp_at_radius", "retrieved_at_radius", "capped_pairs"):
+        values.pop(key)
+    return {**out, **values}
 
 
 def _mean(values) -> float:

@@ -9,7 +9,28 @@ from __future__ import annotations
 
 import numpy as np
 
+from hashdist.kernels import cached_njit
+
 PAIRS_PER_STEP = 1 << 18
+
+
+@cached_njit(nogil=True)
+def group_by_chunk(ids, chunk_rows, n_chunks):
+    """The entries grouped by the database chunk their id falls in (id // chunk_rows; -1 padding: group
+    n_chunks, last): (order, int32 entry indices, ascending within a group; bounds, group g is
+    order[bounds[g]:bounds[g + 1]]). A counting sort: two passes, 4 bytes per entry."""
+    bounds = np.zeros(n_chunks + 2, dtype=np.int64)
+    for e in range(ids.size):
+        bounds[(ids[e] // chunk_rows if ids[e] >= 0 else n_chunks) + 1] += 1
+    for g in range(n_chunks + 1):
+        bounds[g + 1] += bounds[g]
+    fill = bounds[:-1].copy()
+    order = np.empty(ids.size, dtype=np.int32)
+    for e in range(ids.size):
+        g = ids[e] // chunk_rows if ids[e] >= 0 else n_chunks
+        order[fill[g]] = e
+        fill[g] += 1
+    return order, bounds
 
 
 def pair_distances(query_words: np.ndarray, item_words: np.ndarray, queries: np.ndarray,

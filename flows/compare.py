@@ -17,11 +17,12 @@ from prefect import flow
 from prefect.artifacts import create_table_artifact
 
 from flows.evaluate import evaluate
-from flows.observe import Phases, absolute, failures_logged, interval, link_artifact, markdown_text, run_log, slug
+from flows.observe import absolute, failures_logged, interval, link_artifact, markdown_text, run_log, slug
 from flows.runtime import api_for_workers, cache_parameter, handed_over, taken, task_runner
 from hashdist.api import run_compare
 from hashdist.compare.comparison import validate
 from hashdist.options import CompareOptions, ExecutionOptions, PreparedRun, split_keywords
+from hashdist.progress import Phases
 from hashdist.report.comparison import leaderboard_rows, map_interval
 from hashdist.report.document import Evaluation
 from hashdist.report.tasks import RUN_KEYS, task_label

@@ -45,7 +45,7 @@ from prefect.context import FlowRunContext
 from prefect.states import State
 
 from flows.history import drop_state, watch
-from flows.observe import Phases, ProgressLog, absolute, failures_logged, headline_lines, publish_evaluation, run_log
+from flows.observe import ProgressLog, absolute, failures_logged, headline_lines, publish_evaluation, run_log
 from flows.runtime import (
     TASK_OPTIONS,
     api_for_workers,
@@ -66,7 +66,7 @@ from hashdist.engine.reduction import RunResult, item_sums, reduce_blocks
 from hashdist.engine.spill import spill_directory
 from hashdist.errors import InputError
 from hashdist.options import EvaluateOptions, ExecutionOptions, PreparedRun, split_keywords
-from hashdist.progress import advance, phase, progress_bar
+from hashdist.progress import Phases, advance, progress_bar
 from hashdist.report.document import Evaluation, build_report
 from hashdist.report.evaluation import check_output_dir
 from hashdist.report.tasks import combine_tasks, work_line
@@ -212,7 +212,6 @@ def _evaluate(log, dataset, options, out, overwrite, html, cache, progress, star
     for line in headline_lines(evaluation.report):
         log.info(line)
     if out is not None:
-        phase("writing the report")
         with Phases(log) as phases:
             phases.start("writing")
             evaluation.write(out, overwrite=overwrite, html=html, started_at=started_at)

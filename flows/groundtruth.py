@@ -14,12 +14,12 @@ from prefect import flow, task
 from prefect.context import FlowRunContext
 from prefect.futures import as_completed
 
-from flows.observe import Phases, ProgressLog, failures_logged, run_log
+from flows.observe import ProgressLog, failures_logged, run_log
 from flows.runtime import TASK_OPTIONS, api_for_workers, cache_parameter, handed_over, runner_where, taken, task_runner
 from hashdist.engine import groundtruth as gt
 from hashdist.engine.cache import resolve_cache
 from hashdist.options import ExecutionOptions, GroundTruthOptions, split_keywords
-from hashdist.progress import progress_bar
+from hashdist.progress import Phases, progress_bar
 
 
 @task(name="groundtruth-block", **TASK_OPTIONS)
@@ -51,7 +51,8 @@ def _groundtruth(log, dataset, options, cache, progress, prepared) -> dict:
              f"{runner_where(FlowRunContext.get().task_runner)}")
     cache_arg = resolve_cache(cache).argument
     blocks = {"computed": 0, "cached": 0}
-    with Phases(log) as phases, progress_bar(0, progress) as bar, ProgressLog(log, bar):
+    phases = Phases(log, words={"writing": "writing the ground truth"})
+    with phases, progress_bar(0, progress) as bar, ProgressLog(log, bar):
 
         def run_sweep(sweep, merger):
             phases.start(f"{sweep.kind} sweep ({len(sweep.blocks):,} blocks)")

@@ -2,10 +2,11 @@
 events to automate on.
 
 Logs: each flow logs through Prefect's run logger at INFO (:func:`run_log`): the work line, each phase as it
-starts and ends with its elapsed time (:class:`Phases`), block progress every ``hashdist.progress.PERIOD_S``
-seconds (:class:`ProgressLog`), the headline measures as ``expected [worst, best]``, the outputs' absolute paths
-and the history verdict; bad input and failures their one line at ERROR (:func:`failures_logged`). The records
-carry ``hashdist=True``: the command line, which prints its own lines, keeps them off its terminal
+starts and ends with its elapsed time (:class:`hashdist.progress.Phases`, which also names it in the command's
+progress lines), block progress every ``hashdist.progress.PERIOD_S`` seconds (:class:`ProgressLog`), the headline
+measures as ``expected [worst, best]``, the outputs' absolute paths and the history verdict; bad input and
+failures their one line at ERROR (:func:`failures_logged`). The records carry ``hashdist=True``: the command line,
+which prints its own lines, keeps them off its terminal
 (``flows.runtime.cli_run``) and they still reach the API.
 
 The index: a dataset is named by the slug of its name (the last part of its path, without ``.zarr``) and a short
@@ -54,36 +55,6 @@ def failures_logged(log, command: str):
     except Exception as exc:
         log.error(f"hashdist {command}: failed: {type(exc).__name__}: {exc}")
         raise
-
-
-class Phases:
-    """A run's phases, one after the other: ``start(name)`` ends the one in progress ("NAME: done in S s") and
-    logs the next ("NAME: started"); ``end()`` ends the last. ``prefix``: e.g. a task's name."""
-
-    def __init__(self, log, prefix: str = ""):
-        self.log, self.prefix = log, prefix
-        self.name, self.started = None, 0.0
-
-    def start(self, name: str) -> None:
-        self.end()
-        self.name, self.started = name, time.perf_counter()
-        self.log.info(f"{self.prefix}{name}: started")
-
-    def end(self, detail: str = "") -> float:
-        """Ends the phase in progress (``detail`` is added to its line); its seconds."""
-        if self.name is None:
-            return 0.0
-        elapsed = time.perf_counter() - self.started
-        self.log.info(f"{self.prefix}{self.name}: done in {elapsed:.2f} s{detail}")
-        self.name = None
-        return elapsed
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, kind, *rest) -> None:
-        if kind is None:
-            self.end()
 
 
 class ProgressLog:

@@ -3,9 +3,9 @@ elsewhere (a log, a pipe, a scheduler's output) a line every PERIOD_S seconds wh
 naming the time since the command started and its phase (starting the cluster, computing blocks n of m,
 reducing, writing the report), and a line at once when the phase changes after the first line.
 
-The command line reports a whole command (:func:`reporting`, phases set with :func:`phase`); a run's blocks
-(:func:`progress_bar`) report to it, or, called from Python with no command reporting, report themselves for
-as long as they run.
+The command line reports a whole command (:func:`reporting`, phases set with :func:`phase`, or by a
+:class:`Phases`, which also logs them to a flow's run log); a run's blocks (:func:`progress_bar`) report to it,
+or, called from Python with no command reporting, report themselves for as long as they run.
 """
 
 from __future__ import annotations
@@ -75,6 +75,46 @@ def phase(text: str) -> None:
     """The phase of the command being reported (nothing when none is)."""
     for lines in _COMMAND:
         lines.set(text)
+
+
+TERMINAL_WORDS = {"writing": "writing the report"}  # phases the progress lines name as they start (the others:
+# the command's first phase, and the blocks' bar)
+
+
+class Phases:
+    """A run's phases, one after the other, said in two places: a log (a flow's Prefect run logger, or None)
+    gets "NAME: started" and "NAME: done in S s"; the command's progress lines (:func:`phase`) the phases of
+    ``words`` (default TERMINAL_WORDS) as they start. ``start(name)`` ends the phase in progress and starts the
+    next; ``end()`` ends the last. ``prefix``: e.g. a task's name, in the log's lines."""
+
+    def __init__(self, log=None, prefix: str = "", words: dict[str, str] | None = None):
+        self.log, self.prefix, self.words = log, prefix, TERMINAL_WORDS if words is None else words
+        self.name, self.started = None, 0.0
+
+    def start(self, name: str) -> None:
+        self.end()
+        self.name, self.started = name, time.perf_counter()
+        if name in self.words:
+            phase(self.words[name])
+        if self.log is not None:
+            self.log.info(f"{self.prefix}{name}: started")
+
+    def end(self, detail: str = "") -> float:
+        """Ends the phase in progress (``detail`` is added to its log line); its seconds."""
+        if self.name is None:
+            return 0.0
+        elapsed = time.perf_counter() - self.started
+        if self.log is not None:
+            self.log.info(f"{self.prefix}{self.name}: done in {elapsed:.2f} s{detail}")
+        self.name = None
+        return elapsed
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, *rest) -> None:
+        if kind is None:
+            self.end()
 
 
 class _NoBar:

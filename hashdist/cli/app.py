@@ -453,14 +453,15 @@ def _first_phase(execution: ExecutionOptions) -> str:
 
 def _evaluation(a, started_at: float):
     """The run of ``evaluate``, its report written (and recorded with --history)."""
-    from hashdist.progress import phase
+    from hashdist.progress import Phases
 
     if a.execution.engine == "local":
         from hashdist.api import evaluate_runs
 
         evaluation = evaluate_runs(a.prepared, a.execution.cache, a.threads, not a.quiet, started_at)
-        phase("writing the report")
-        evaluation.write(a.out, overwrite=a.overwrite, html=not a.no_html, started_at=started_at)
+        with Phases() as phases:
+            phases.start("writing")
+            evaluation.write(a.out, overwrite=a.overwrite, html=not a.no_html, started_at=started_at)
         if a.history is not None:
             from hashdist.compare.history import record
 

@@ -55,8 +55,8 @@ def _compare(log, methods, options, out, overwrite, tables, execution, checked) 
         log.info(f"evaluating {run.ds.url}" + (f" ({run.plan.task})" if run.plan.task else ""))
         with handed_over((run,)) as key:  # the evaluate flow takes a run per task
             evaluation = evaluate.with_options(task_runner=runner)(
-                dataset=run.ds.url, options=options.evaluate_options, cache=cache, progress=execution.progress,
-                prepared=key)
+                dataset=run.ds.url, options=options.evaluate_options.as_parameters(), cache=cache,
+                progress=execution.progress, prepared=key)
         return _one_task(evaluation, run.plan.task)
 
     with Phases(log) as phases:

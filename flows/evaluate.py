@@ -39,6 +39,8 @@ import time
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 
+import dask
+from dask.utils import parse_bytes
 from distributed import as_completed, wait
 from prefect import flow, task
 from prefect.context import FlowRunContext
@@ -73,6 +75,7 @@ from hashdist.report.tasks import combine_tasks, work_line
 
 # pairs one histogram task may take (a few seconds of one core): the floor on task count for huge runs
 PAIRS_PER_TASK = 2e10
+GRAPH_WARNING = "distributed.admin.large-graph-warning-threshold"
 
 
 @task(name="histogram-blocks", **TASK_OPTIONS)
@@ -168,8 +171,18 @@ def reduce_on_cluster(client, plan, params, picks: list[SharePicks], threads: in
             return handed
         return [client.submit(count_codes, plan, group, parts, None, spill) for group in count_shares(plan, threads)]
 
-    return reduce_blocks(DaskExecutor(client), plan, params, item_parts, [share.tallies for share in picks],
-                         count_pass, served=served, on_metrics=on_metrics)
+    with dask.config.set({GRAPH_WARNING: _graph_warning_bytes(plan, served)}):
+        return reduce_blocks(DaskExecutor(client), plan, params, item_parts, [share.tallies for share in picks],
+                             count_pass, served=served, on_metrics=on_metrics)
+
+
+def _graph_warning_bytes(plan: Plan, served) -> int:
+    """Dask's large-graph warning threshold for the reduction: a metric item's served rows travel inside its task
+    by design (a scatter could not be recomputed if a worker died), so the warning's advice does not apply to them;
+    it still fires for anything larger than they are plus Dask's default."""
+    largest = max((sum(run.rows(start, stop).nbytes for run in served) for _, start, stop in metric_items(plan)),
+                  default=0)
+    return parse_bytes(dask.config.get(GRAPH_WARNING)) + largest
 
 
 @flow(name="evaluate", persist_result=False, log_prints=True, task_runner=task_runner())
@@ -329,6 +342,7 @@ def run_evaluation(dataset, *, out=None, overwrite: bool = False, html: bool = T
     with handed_over(runs) as key, \
             api_for_workers(execution.address, execution.cluster_class, execution.cluster_kwargs):
         return evaluate.with_options(task_runner=task_runner(**execution.cluster))(
-            dataset=str(dataset), options=options, out=None if out is None else str(out), overwrite=overwrite,
+            dataset=str(dataset), options=options.as_parameters(), out=None if out is None else str(out),
+            overwrite=overwrite,
             html=html, cache=cache_parameter(execution.cache), progress=execution.progress, started_at=started_at,
             history=None if history is None else str(history), prepared=key)

@@ -198,6 +198,16 @@ class EvaluateOptions:
             check_integer(self.code_parts, "--code-parts")
         check_bins(self.distance_bins)
 
+    def as_parameters(self) -> EvaluateOptions:
+        """These options as a flow run's parameters once its runs are prepared: array inputs named ("arrays",
+        "array", as the report records them), not carried (Prefect sends parameters to its API and with every
+        task)."""
+        served = {key: source if isinstance(source, (str, os.PathLike)) else "arrays"
+                  for key, source in self.served.items()}
+        weights = self.bit_weights
+        return replace(self, served=served, bit_weights=weights if weights is None or isinstance(
+            weights, (str, os.PathLike)) else "array")
+
     @property
     def distance_kind(self) -> str:
         """The ranking distance: as given, else weighted with bit weights, else Hamming."""

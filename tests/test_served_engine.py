@@ -173,3 +173,23 @@ def test_grouping_by_chunk_is_a_stable_sort_of_the_chunk_numbers():
         key = np.where(ids >= 0, ids // 64, 16)
         assert np.array_equal(order, np.argsort(key, kind="stable"))
         assert np.array_equal(bounds, np.concatenate([[0], np.cumsum(np.bincount(key, minlength=17))]))
+
+
+def test_a_flow_with_served_arrays_sends_them_once(class_dataset, prefect_api):
+    """Arrays given from Python are not flow parameters (Prefect would send them to its API and with every
+    histogram task: "arrays" is what travels), and a metric item's rows, which travel inside its task by design,
+    raise no large-graph warning; anything else larger than Dask's threshold still would."""
+    import warnings
+
+    import dask
+
+    from flows.evaluate import run_evaluation
+
+    ids = np.stack([np.random.default_rng(i).permutation(3000)[:200] for i in range(70)])  # 56 KB as int32
+    with dask.config.set({"distributed.admin.large-graph-warning-threshold": "40kB"}), \
+            warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        evaluation = run_evaluation(class_dataset, cache=False, threads=2, k=(5,), served={"a": ids, "b": ids})
+    assert [str(w.message) for w in caught if "large graph" in str(w.message)] == []
+    assert evaluation.report["parameters"]["served"] == {"a": "arrays", "b": "arrays"}
+    assert set(evaluation.report["served"]) == {"a", "b"}

@@ -44,6 +44,7 @@ class ServedRun:
     radius = property(lambda self: self.lists.radius)
     width = property(lambda self: self.lists.width)
     time_per_query_s = property(lambda self: self.lists.time_per_query_s)
+    nbytes = property(lambda self: self.lists.nbytes)
 
     def rows(self, start: int, stop: int) -> ServedRun:
         """The run restricted to queries [start, stop) (what one metric item takes)."""

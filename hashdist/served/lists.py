@@ -59,6 +59,11 @@ class ServedList:
         return self.lims is not None
 
     @property
+    def nbytes(self) -> int:
+        """The bytes of its arrays."""
+        return sum(a.nbytes for a in (self.ids, self.distances, self.lims) if a is not None)
+
+    @property
     def n_rows(self) -> int:
         """Its queries' lists (rows)."""
         return len(self.lims) - 1 if self.is_range else int(self.ids.shape[0])

@@ -81,22 +81,14 @@ class Compiled(event.Listener):
 
 
 event.register("numba:compile", Compiled())
-early = None
-if sys.argv[1].startswith("early"):  # as the command line's launcher, before the run knows what it needs
-    precompile.start_early()
-    early = precompile._process
-    if sys.argv[1] == "early-exited":
-        early.wait(60)
 precompile.start()
 process = precompile._process
-if process is not None and sys.argv[1] != "exit":
+if process is not None and sys.argv[1] == "join":
     precompile.join()
-if sys.argv[1] != "exit":
+if sys.argv[1] == "join":
     precompile.compile_measures(lambda key: True)  # as the run then computes every measure
 print(json.dumps({"started": process is not None, "pid": None if process is None else process.pid,
-                  "running": process is not None and process.poll() is None, "compiled": compiled,
-                  "same": early is not None and early is process,
-                  "early_status": None if early is None else early.poll()}), flush=True)
+                  "running": process is not None and process.poll() is None, "compiled": compiled}), flush=True)
 """
 
 SECOND_SHARE = ("_ap_at_radius", "_ap_at_k", "_max_count_by_scan")  # what the second process compiles
@@ -124,26 +116,6 @@ def test_a_cold_cache_compiles_each_metric_function_once_on_two_processes(tmp_pa
     assert not set(SECOND_SHARE) & set(first["compiled"])  # loaded from the cache, not compiled again here
     warm = _probe(numba_dir, "join")
     assert not warm["started"] and warm["compiled"] == []  # warm: nothing to compile, no process
-
-
-@pytest.mark.parametrize("mode", ["early", "early-exited"])
-def test_a_process_started_early_is_the_second_process_or_exits_when_nothing_is_left_to_compile(tmp_path, mode):
-    """The launcher's early process: with a cold cache, the run's second process (each function compiled once);
-    with a warm one, it exits at once with NOTHING_TO_COMPILE and the run has no second process."""
-    from hashdist.engine.precompile import NOTHING_TO_COMPILE
-
-    numba_dir = tmp_path / "numba"
-    cold = _probe(numba_dir, mode)
-    assert cold["started"] and cold["same"] and not cold["running"] and cold["early_status"] == 0
-    for function in SECOND_SHARE + FIRST_SHARE:
-        assert _cached(numba_dir, function), function
-    assert set(FIRST_SHARE) <= set(cold["compiled"])
-    assert not set(SECOND_SHARE) & set(cold["compiled"])
-    warm = _probe(numba_dir, mode)
-    assert warm["early_status"] in ((None, NOTHING_TO_COMPILE) if mode == "early" else (NOTHING_TO_COMPILE,))
-    assert warm["compiled"] == []
-    if mode == "early-exited":  # it had exited before the run started: taken as no second process
-        assert not warm["started"]
 
 
 def test_the_compiling_process_ends_with_the_run(tmp_path):

@@ -183,23 +183,6 @@ def test_the_console_script_starts_a_server_first_only_for_flow_runs(monkeypatch
     assert wants_server(argv) is False
 
 
-@pytest.mark.parametrize(("argv", "expected"), [
-    (["evaluate", "d.zarr", "--out", "r", "--engine", "local"], True),
-    (["--debug", "evaluate", "d.zarr", "--engine=local", "--out", "r"], True),
-    (["compare", "--method", "a=a.zarr", "--out", "r", "--eng", "local"], True),
-    (["evaluate", "d.zarr", "--out", "r", "--engine", "local", "--engine", "flow"], False),  # the last one counts
-    (["evaluate", "d.zarr", "--out", "r"], False),  # a flow run: its workers start the second process
-    (["groundtruth", "d.zarr", "--out", "r", "--engine", "local"], False),  # no metric to compile
-    (["evaluate", "--engine", "local", "--help"], False),
-    (["synth", "--preset", "demo", "--out", "d.zarr"], False),
-    ([], False),
-])
-def test_the_console_script_starts_the_compiling_process_first_only_for_runs_in_this_process(argv, expected):
-    from hashdist.cli.launch import wants_precompile
-
-    assert wants_precompile(argv) is expected
-
-
 @pytest.mark.parametrize(("args", "status"), [
     (["--engine", "local", "--quiet", "--no-html"], 0),
     (["--k", "ten"], 2),  # a usage error after the server was started: stopped, its database gone

@@ -12,11 +12,6 @@ two cores (the second process starts compiling about 0.6 s later, after its impo
 the functions on tiny inputs of the run's types. With a warm cache, or a cache numba cannot write (a
 read-only install), nothing is started and :func:`join` does nothing. The process ends with this
 one: it is killed at exit, and exits on its own if this process is killed.
-
-The command line starts that process earlier (:func:`start_early`, from ``hashdist.cli.launch``), before hashdist
-loads in the CLI: its imports and first compiling then overlap the CLI's (0.7 to 0.9 s of a first run on two cores).
-It checks numba's cache itself and exits at once (status NOTHING_TO_COMPILE) when the metric functions are there;
-:func:`start` then takes it as the run's second process, or, if it found nothing to compile, as none.
 """
 
 from __future__ import annotations
@@ -32,7 +27,6 @@ from pathlib import Path
 # the second process's share of the measures: the AP measures, which share the harmonic-number helpers
 SECOND_PROCESS_MEASURES = frozenset({"map", "map_at_k", "map_at_radius"})
 JOIN_TIMEOUT_S = 300  # seconds join waits for the second process: far beyond its few seconds of compiling
-NOTHING_TO_COMPILE = 3  # the second process's exit status when numba's cache already holds the metric functions
 
 _lock = threading.Lock()
 _process: subprocess.Popen | None = None
@@ -53,33 +47,15 @@ def _needs_compiling() -> bool:
 
 def start() -> None:
     """Compile the second process's share in a second process if the cache lacks the metric functions (at most
-    once a process); a process :func:`start_early` started is taken as that process, unless it found them
-    cached."""
+    once a process)."""
     global _process
     with _lock:
-        if _process is not None and _process.poll() == NOTHING_TO_COMPILE:
-            _process = None  # started early, it found the metric functions cached
-            return
         if _process is not None or not _needs_compiling():
             return
-        _process = _spawn()
-
-
-def start_early() -> None:
-    """Start the second process before this process knows whether the cache lacks the metric functions: it
-    checks, and exits at once if they are there (see :func:`start`)."""
-    global _process
-    with _lock:
-        if _process is None:
-            _process = _spawn()
-
-
-def _spawn() -> subprocess.Popen:
-    code = "from hashdist.engine.precompile import compile_second_share; compile_second_share()"
-    process = subprocess.Popen([sys.executable, "-c", code, str(os.getpid())], stdin=subprocess.DEVNULL,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    atexit.register(_stop)
-    return process
+        code = "from hashdist.engine.precompile import compile_second_share; compile_second_share()"
+        _process = subprocess.Popen([sys.executable, "-c", code, str(os.getpid())], stdin=subprocess.DEVNULL,
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        atexit.register(_stop)
 
 
 def join(timeout: float = JOIN_TIMEOUT_S) -> None:
@@ -90,8 +66,6 @@ def join(timeout: float = JOIN_TIMEOUT_S) -> None:
         if _process is None or _joined:
             return
         _joined = True
-        if _process.poll() == NOTHING_TO_COMPILE:  # started early, it found the metric functions cached
-            return
         compile_measures(lambda key: key not in SECOND_PROCESS_MEASURES)
         try:
             _process.wait(timeout)
@@ -100,8 +74,6 @@ def join(timeout: float = JOIN_TIMEOUT_S) -> None:
 
 
 def _stop() -> None:
-    if _process is None:  # taken as none by start(): it had exited, finding nothing to compile
-        return
     if _process.poll() is None:
         _process.kill()
     _process.wait()
@@ -123,7 +95,7 @@ def compile_measures(chosen) -> None:
 
 def compile_second_share() -> None:
     """The second process (``sys.argv[1]``: the parent's pid): M_k (by scanning) for a few codes, then the AP
-    measures; nothing (exit status NOTHING_TO_COMPILE) if numba's cache holds the metric functions or cannot."""
+    measures."""
     parent = int(sys.argv[1])
 
     def exit_with_parent():
@@ -132,8 +104,6 @@ def compile_second_share() -> None:
         os._exit(1)
 
     threading.Thread(target=exit_with_parent, daemon=True).start()
-    if not _needs_compiling():
-        sys.exit(NOTHING_TO_COMPILE)
     import numpy as np
 
     from hashdist.kernels.codecounts import code_counts, max_bucket_within

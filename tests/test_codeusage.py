@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from hashdist.data.bits import pack_bits
-from hashdist.kernels.codecounts import code_counts
+from hashdist.kernels.codecounts import code_counts, rows_in_parts, split_by_code_hash
 from hashdist.kernels.codeusage import bit_ones_block, bucket_sizes, code_usage, merge_bucket_sizes, rank_size_steps
 
 
@@ -13,6 +13,26 @@ def test_bit_ones_block(nbits):
     rng = np.random.default_rng(nbits)
     bits = (rng.random((257, nbits)) < rng.random(nbits)).astype(np.uint8)
     assert (bit_ones_block(pack_bits(bits), nbits) == bits.sum(0)).all()
+
+
+@pytest.mark.parametrize("words", [1, 3])
+def test_rows_in_parts_are_the_rows_of_split_by_code_hash(words):
+    """A pass's rows are those split_by_code_hash puts in its parts, in row order; a pass over every part takes
+    every row (without hashing them)."""
+    codes = np.random.default_rng(words).integers(0, 1 << 62, (400, words), dtype=np.uint64)
+    codes[200:] = codes[:200]  # repeated codes: a code's rows all go to its part
+    parts = 5
+    piece_of = np.empty(len(codes), dtype=np.int64)
+    for p, (piece, _) in enumerate(split_by_code_hash(codes, None, parts)):
+        for row in piece:
+            piece_of[(codes == row).all(axis=1)] = p
+    for start, stop in [(0, 5), (-1, 9), (0, 1), (1, 3), (4, 5), (2, 2)]:
+        want = codes[(piece_of >= start) & (piece_of < stop)]
+        got = rows_in_parts(codes, parts, start, stop)
+        assert got.dtype == np.uint64 and got.shape == want.shape
+        np.testing.assert_array_equal(got, want)
+    assert len(rows_in_parts(codes, parts, 0, parts)) == len(codes)
+    assert 0 < len(rows_in_parts(codes, parts, 0, 1)) < len(codes)
 
 
 def test_code_usage_matches_numpy():

@@ -44,9 +44,13 @@ def split_by_code_hash(codes: np.ndarray, counts: np.ndarray | None, parts: int)
 
 def rows_in_parts(codes: np.ndarray, parts: int, start: int, stop: int) -> np.ndarray:
     """The code rows whose part (as :func:`split_by_code_hash` assigns it) is in [start, stop), in row order:
-    one pass of code counting takes its rows without sorting the others."""
+    one pass of code counting takes its rows without sorting the others. A range of every part takes every row,
+    without hashing them (a run of one pass: nothing for a first run to compile)."""
+    codes = np.ascontiguousarray(codes, dtype=np.uint64)
+    if start <= 0 and stop >= parts:
+        return codes
     part = code_parts_of(codes, parts)
-    return np.ascontiguousarray(codes, dtype=np.uint64)[(part >= start) & (part < stop)]
+    return codes[(part >= start) & (part < stop)]
 
 
 def code_parts_of(codes: np.ndarray, parts: int) -> np.ndarray:

@@ -480,13 +480,10 @@ def main():
                                                 helpers)
         results["noise"] = noise.sections
     results["bench_s"] = time.perf_counter() - t_start
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    stem = f"{results['date']}-fixed-costs" + ("-quick" if a.quick else "")
-    (out / f"{stem}.json").write_text(json.dumps(results, indent=2) + "\n")
     text = markdown(results)
-    (out / f"{stem}.md").write_text(text)
-    log(f"wrote {out / stem}.json and .md in {results['bench_s']:.0f} s")
+    stem = _bench_run().write_results(a.out, f"{results['date']}-fixed-costs" + ("-quick" if a.quick else ""),
+                                      results, text)
+    log(f"wrote {stem}.json and .md in {results['bench_s']:.0f} s")
     print(text)
 
 

@@ -71,6 +71,16 @@ def machine_line(m: dict) -> str:
             f"faiss-cpu {m['faiss-cpu']}")
 
 
+def write_results(out_dir, stem: str, results: dict, text: str) -> Path:
+    """``results`` as ``<stem>.json`` and ``text`` as ``<stem>.md`` in ``out_dir`` (made if missing); the stem's
+    path."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{stem}.json").write_text(json.dumps(results, indent=2) + "\n")
+    (out / f"{stem}.md").write_text(text)
+    return out / stem
+
+
 def clustered_codes(rng, n_db, n_q, nbits, n_classes=24, noise=0.15):
     """Database and query codes around the same class centres (like learned codes), with their class labels."""
     centres = rng.integers(0, 2, (n_classes, nbits), dtype=np.uint8)
@@ -476,12 +486,9 @@ def main():
         print("scaling ...", file=sys.stderr)
         results["scaling"] = bench_scaling(Path(tmp), scale_db, scale_q)
     results["peak_rss_bench_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    stem = results["date"] + ("-quick" if a.quick else "")
-    (out / f"{stem}.json").write_text(json.dumps(results, indent=2))
-    (out / f"{stem}.md").write_text(markdown(results))
-    print(markdown(results))
+    text = markdown(results)
+    write_results(a.out, results["date"] + ("-quick" if a.quick else ""), results, text)
+    print(text)
 
 
 if __name__ == "__main__":

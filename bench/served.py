@@ -41,7 +41,7 @@ import numpy as np
 
 import hashdist
 from bench.fixed_costs import HASHDIST, NOISE, cache_env, source, source_line
-from bench.run import machine, machine_line
+from bench.run import machine, machine_line, write_results
 from hashdist.data.synth import PRESETS, synth_dataset
 
 HERE = Path(__file__).resolve().parent
@@ -286,13 +286,9 @@ def main() -> None:
         results["overhead"] = NOISE.measure("overhead", overhead, dataset, work, env, f"{name}={lists[name]}", args)
         results["sweep"] = NOISE.measure("sweep", sweep, dataset, work, env, lists, args.k)
         results["noise"] = NOISE.sections
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    stem = f"{results['date']}-served" + ("-quick" if args.quick else "")
-    (out / f"{stem}.json").write_text(json.dumps(results, indent=2) + "\n")
     text = markdown(results)
-    (out / f"{stem}.md").write_text(text)
-    log(f"wrote {out / stem}.json and .md")
+    stem = write_results(args.out, f"{results['date']}-served" + ("-quick" if args.quick else ""), results, text)
+    log(f"wrote {stem}.json and .md")
     print(text)
 
 

@@ -226,11 +226,13 @@ from hashdist.data.dataset import open_dataset
 from hashdist.kernels.histogram import histogram_block
 
 data, threads = sys.argv[1], os.cpu_count()
-cluster = LocalCluster(**embedded_cluster_kwargs(threads=threads))
+cluster = LocalCluster(**embedded_cluster_kwargs(threads=threads), protocol="tcp://", host="127.0.0.1")  # an address
+# that run_evaluation takes (it refuses inproc://, which reaches no other process)
 work = lambda t: t["compute_s"] + t["reduce_s"] + t["metrics_s"]
 flow = [run_evaluation(data, cache=False, address=cluster.scheduler_address).report for _ in range(3)][1:]
 local = [evaluate_local(data, cache=False, threads=threads).report for _ in range(3)][1:]
-ds, _, plan, _ = prepare(data)
+prepared = prepare(data)
+ds, plan = prepared.ds, prepared.plan
 blocks = [(ds.codes("queries", b.q0, b.q1), ds.codes("database", b.d0, b.d1), ds.labels("queries", b.q0, b.q1),
            ds.labels("database", b.d0, b.d1)) for b in plan.histogram_blocks]
 kernel_s = []

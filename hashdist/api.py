@@ -41,9 +41,10 @@ def options_of(function: str, options, keywords: dict, cls=EvaluateOptions):
 
 
 def prepare(dataset, options: EvaluateOptions | None = None, **keywords) -> PreparedRun:
-    """The dataset opened and checked with the options, and its blocks planned: ``(ds, params, plan,
-    parameters)`` (:meth:`hashdist.options.EvaluateOptions.resolve`; on a dataset with modalities, its first
-    task's: see :func:`prepare_tasks`)."""
+    """The dataset opened and checked with the options, and its blocks planned: a
+    :class:`hashdist.options.PreparedRun` (``ds``, ``params``, ``plan``, ``parameters``, ``served``; read them by
+    name) (:meth:`hashdist.options.EvaluateOptions.resolve`; on a dataset with modalities, its first task's: see
+    :func:`prepare_tasks`)."""
     return options_of("prepare", options, keywords).resolve(dataset)
 
 

@@ -97,9 +97,8 @@ def flagged_values(run: ServedList, flagged: np.ndarray, given: np.ndarray, reco
         queries = run.query_of(flagged)
         first_query, first = np.unique(queries, return_index=True)
         entry = flagged[first]
-        lims = run.lims[first_query] if run.is_range else first_query * run.width
         out["count"] = np.bincount(queries, minlength=n).astype(np.int64)
-        out["position"][first_query] = entry - lims
+        out["position"][first_query] = entry - run.row_start(first_query)
         out["given"][first_query] = given[entry]
         out["recomputed"][first_query] = recomputed[entry]
     return out

@@ -90,6 +90,10 @@ class ServedList:
             return np.searchsorted(self.lims, entries, side="right") - 1
         return entries // max(self.width, 1)
 
+    def row_start(self, rows: np.ndarray) -> np.ndarray:
+        """The flat index of each row's first entry."""
+        return self.lims[rows] if self.is_range else rows * self.width
+
     @property
     def label(self) -> str:
         return f"--served {self.name} ({self.source})"
@@ -102,11 +106,8 @@ class ServedList:
 
     def position_of(self, flat_index: int) -> tuple[int, int]:
         """(query, position in its list) of an entry, by its index in ``ids`` flattened."""
-        if self.is_range:
-            q = int(np.searchsorted(self.lims, flat_index, side="right") - 1)
-            return self.first_query + q, int(flat_index - self.lims[q])
-        q, p = divmod(int(flat_index), self.ids.shape[1])
-        return self.first_query + q, p
+        q = int(self.query_of(np.int64(flat_index)))
+        return self.first_query + q, int(flat_index - self.row_start(q))
 
 
 def split_key(key: str) -> tuple[str | None, str]:
@@ -414,7 +415,8 @@ def check_served(run: ServedList, n_queries: int, n_database: int) -> None:
                 _one_based_hint(run, ids, n_database))
     if run.is_range:
         _refuse(run, ids == -1, "-1 (a radius lookup's sets hold no padding)")
-        _refuse_twice(run, run.query_of_entries(), np.lexsort((ids, run.query_of_entries())))
+        query = run.query_of_entries()
+        _refuse_twice(run, query, np.lexsort((ids, query)))
         return
     _refuse(run, _flags(ids, _padding_before_valid), "-1 padding before a valid id (padding is a trailing run only)")
     if _repeats_in_a_row(ids):

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from hashdist.data.bits import pack_bits
-from hashdist.kernels.codecounts import code_counts, rows_in_parts, split_by_code_hash
+from hashdist.kernels.codecounts import _build_table, code_counts, code_parts_of, rows_in_parts, split_by_code_hash
 from hashdist.kernels.codeusage import bit_ones_block, bucket_sizes, code_usage, merge_bucket_sizes, rank_size_steps
 
 
@@ -33,6 +33,43 @@ def test_rows_in_parts_are_the_rows_of_split_by_code_hash(words):
         np.testing.assert_array_equal(got, want)
     assert len(rows_in_parts(codes, parts, 0, parts)) == len(codes)
     assert 0 < len(rows_in_parts(codes, parts, 0, 1)) < len(codes)
+
+
+def _splitmix_chain(row) -> int:
+    """The code hash in Python integers: splitmix64's finaliser chained over the words (mod 2^64)."""
+    mask, h = (1 << 64) - 1, 0x9E3779B97F4A7C15
+    for word in row:
+        x = int(word) ^ h
+        x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & mask
+        x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & mask
+        h = x ^ (x >> 31)
+    return h
+
+
+@pytest.mark.parametrize("words", [1, 2, 3])
+@pytest.mark.parametrize("parts", [1, 2, 7, 300, 70000])
+def test_code_parts_and_split_against_python_integers(words, parts):
+    """A code's part is the upper 32 bits of its hash scaled to the parts; split keeps each part's rows in order."""
+    rng = np.random.default_rng(words * parts)
+    codes = rng.integers(0, 1 << 63, (300, words), dtype=np.uint64) * np.uint64(2) + np.uint64(1)
+    codes[150:] = codes[:150]
+    want = np.array([((_splitmix_chain(row) >> 32) * parts) >> 32 for row in codes])
+    np.testing.assert_array_equal(code_parts_of(codes, parts), want)
+    counts = np.arange(len(codes), dtype=np.int64)
+    pieces = split_by_code_hash(codes, counts, parts)
+    assert len(pieces) == parts
+    for p, (piece, piece_counts) in enumerate(pieces):
+        np.testing.assert_array_equal(piece, codes[want == p])
+        np.testing.assert_array_equal(piece_counts, counts[want == p])
+
+
+def test_the_tables_hash_is_the_parts_hash():
+    """The jitted hash tables use the lower bits of the same hash (a part's codes fill its table evenly)."""
+    codes = np.random.default_rng(5).integers(0, 1 << 62, (3, 2), dtype=np.uint64)
+    slots = np.full(1 << 20, -1, dtype=np.int64)  # few codes, a large table: each lands in its home slot
+    _build_table(codes, slots)
+    for i, row in enumerate(codes):
+        assert slots[_splitmix_chain(row) & ((1 << 20) - 1)] == i
 
 
 def test_code_usage_matches_numpy():

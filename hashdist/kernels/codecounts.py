@@ -34,10 +34,13 @@ def code_counts(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def split_by_code_hash(codes: np.ndarray, counts: np.ndarray | None, parts: int) -> list[tuple[np.ndarray, np.ndarray]]:
     """Code rows (with their counts, if any) split into ``parts`` pieces by a hash of the code: a code's part
-    never depends on the chunk it came from."""
+    never depends on the chunk it came from. Each piece keeps the rows' order."""
     codes = np.ascontiguousarray(codes, dtype=np.uint64)
-    order, bounds = np.empty(codes.shape[0], dtype=np.int64), np.zeros(parts + 1, dtype=np.int64)
-    _order_by_part(codes, parts, order, bounds)
+    if parts == 1:
+        return [(codes, counts)]
+    part = code_parts_of(codes, parts)
+    order = np.argsort(part.astype(np.uint16) if parts <= 1 << 16 else part, kind="stable")  # radix: 16 bits
+    bounds = np.concatenate([[0], np.cumsum(np.bincount(part, minlength=parts))])
     return [(codes[order[a:b]], None if counts is None else counts[order[a:b]])
             for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
 
@@ -45,7 +48,7 @@ def split_by_code_hash(codes: np.ndarray, counts: np.ndarray | None, parts: int)
 def rows_in_parts(codes: np.ndarray, parts: int, start: int, stop: int) -> np.ndarray:
     """The code rows whose part (as :func:`split_by_code_hash` assigns it) is in [start, stop), in row order:
     one pass of code counting takes its rows without sorting the others. A range of every part takes every row,
-    without hashing them (a run of one pass: nothing for a first run to compile)."""
+    without hashing them."""
     codes = np.ascontiguousarray(codes, dtype=np.uint64)
     if start <= 0 and stop >= parts:
         return codes
@@ -53,18 +56,22 @@ def rows_in_parts(codes: np.ndarray, parts: int, start: int, stop: int) -> np.nd
     return codes[(part >= start) & (part < stop)]
 
 
+# the splitmix64 finaliser chained over a code's words: the hash tables' slots take its lower bits (_mix, jitted),
+# the code parts its upper 32 bits (code_parts_of, numpy: nothing for a first run to compile)
+MIX_SEED, MIX_M1, MIX_M2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
+
+
 def code_parts_of(codes: np.ndarray, parts: int) -> np.ndarray:
-    """Each code row's part, 0..parts-1, as :func:`split_by_code_hash` assigns it."""
+    """Each code row's part, 0..parts-1: the upper 32 bits of the code's hash scaled to ``parts``, so a part's
+    codes still fill its hash table (which uses the lower bits) evenly."""
     codes = np.ascontiguousarray(codes, dtype=np.uint64)
-    part = np.empty(codes.shape[0], dtype=np.int64)
-    _parts_of(codes, parts, part)
-    return part
-
-
-@cached_njit(nogil=True)
-def _parts_of(codes, parts, part):
-    for i in range(codes.shape[0]):
-        part[i] = _part(codes[i], parts)
+    h = np.full(codes.shape[0], MIX_SEED, dtype=np.uint64)
+    for w in range(codes.shape[1]):  # uint64 arithmetic wraps, as the jitted _mix's
+        x = codes[:, w] ^ h
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(MIX_M1)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(MIX_M2)
+        h = x ^ (x >> np.uint64(31))
+    return (((h >> np.uint64(32)) * np.uint64(parts)) >> np.uint64(32)).astype(np.int64)
 
 
 def merge_code_counts(pieces) -> tuple[np.ndarray, np.ndarray]:
@@ -86,36 +93,13 @@ def merge_code_counts(pieces) -> tuple[np.ndarray, np.ndarray]:
 
 @njit(nogil=True, inline="always")
 def _mix(codes_row):
-    h = np.uint64(0x9E3779B97F4A7C15)
+    h = np.uint64(MIX_SEED)
     for w in range(codes_row.shape[0]):
         x = codes_row[w] ^ h
-        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(MIX_M1)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(MIX_M2)
         h = x ^ (x >> np.uint64(31))
     return h
-
-
-@njit(nogil=True, inline="always")
-def _part(codes_row, parts):
-    """A code's part: its hash's upper 32 bits scaled to 0..parts-1 (the lookup table uses the lower ones)."""
-    return np.int64(((_mix(codes_row) >> np.uint64(32)) * np.uint64(parts)) >> np.uint64(32))
-
-
-@cached_njit(nogil=True)
-def _order_by_part(codes, parts, order, bounds):
-    """A counting sort of the rows by code part (stable: each part keeps the rows' order); rows of part p are
-    order[bounds[p]:bounds[p + 1]]. A row's part comes from its hash's upper 32 bits (the lookup table
-    uses the lower ones, so a part's codes still fill its table evenly)."""
-    part = np.empty(codes.shape[0], dtype=np.int64)
-    for i in range(codes.shape[0]):
-        part[i] = _part(codes[i], parts)
-        bounds[part[i] + 1] += 1
-    for p in range(parts):
-        bounds[p + 1] += bounds[p]
-    fill = bounds[:-1].copy()
-    for i in range(codes.shape[0]):
-        order[fill[part[i]]] = i
-        fill[part[i]] += 1
 
 
 @cached_njit(nogil=True)

@@ -2,6 +2,7 @@
 the CLI, and a malformed cluster variable failing the run rather than the import."""
 
 import contextlib
+import json
 import re
 import signal
 import subprocess
@@ -181,6 +182,39 @@ def test_the_console_script_starts_a_server_first_only_for_flow_runs(monkeypatch
     assert wants_server(argv) is expected
     monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:9/api")
     assert wants_server(argv) is False
+
+
+@pytest.mark.parametrize(("argv", "expected"), [
+    (["evaluate", "d.zarr", "--out", "r", "--engine", "local"], True),
+    (["--debug", "evaluate", "d.zarr", "--engine=local", "--out", "r"], True),
+    (["compare", "--method", "a=a.zarr", "--out", "r", "--eng", "local"], True),
+    (["evaluate", "d.zarr", "--out", "r", "--engine", "local", "--engine", "flow"], False),  # the last one counts
+    (["evaluate", "d.zarr", "--out", "r"], False),  # a flow run: the flow starts the second process
+    (["groundtruth", "d.zarr", "--out", "r", "--engine", "local"], False),  # no metric to compile
+    (["evaluate", "--engine", "local", "--help"], False),
+    (["synth", "--preset", "demo", "--out", "d.zarr"], False),
+    ([], False),
+])
+def test_the_console_script_starts_the_compiling_process_first_only_for_runs_in_this_process(argv, expected,
+                                                                                             tmp_path, monkeypatch):
+    from hashdist.cli.launch import wants_precompile
+
+    monkeypatch.setenv("HASHDIST_CACHE", str(tmp_path))  # no stamp: the metric functions not known to be cached
+    assert wants_precompile(argv) is expected
+
+
+def test_the_console_script_starts_no_compiling_process_when_the_stamp_shows_the_cache_warm(tmp_path, monkeypatch):
+    from hashdist.cli.launch import wants_precompile
+    from hashdist.engine import precompile
+
+    monkeypatch.setenv("HASHDIST_CACHE", str(tmp_path))
+    index = tmp_path / "index.nbi"
+    precompile.stamp_path().parent.mkdir(parents=True)
+    precompile.stamp_path().write_text(json.dumps({"index_files": [str(index)]}))
+    argv = ["evaluate", "d.zarr", "--out", "r", "--engine", "local"]
+    assert wants_precompile(argv)
+    index.write_bytes(b"")
+    assert not wants_precompile(argv)
 
 
 @pytest.mark.parametrize(("args", "status"), [

@@ -8,7 +8,6 @@ same output at once. :func:`check_output` decides, before any work, whether an o
 may be written: hashdist replaces only what it wrote (docs/errors.md, "Overwriting").
 """
 
-import asyncio
 import contextlib
 import errno
 import fcntl
@@ -269,6 +268,7 @@ def _settle_zarr_writes(timeout: float = SETTLE_S) -> None:
     loop = getattr(sync, "loop", [None])[0]
     if loop is None or loop.is_closed() or not loop.is_running():
         return
+    import asyncio  # zarr loaded it: nothing to load here (the launcher reads markers through this module)
 
     async def the_others():
         current = asyncio.current_task()

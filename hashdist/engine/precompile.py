@@ -4,21 +4,21 @@ numba compiles holding the GIL, so threads cannot share a first run's compilatio
 on-disk cache holds none of the metric functions, :func:`start` runs a process that compiles its
 share into the cache while this process compiles the histogram kernels: the scan for M_k (needed
 first, after the histograms), then the AP measures (mAP, mAP@K, mAP@r: their harmonic-number helpers
-are then compiled once) and the NDCG measures (which share their discounts). This process goes on to compile
-the other code-count functions when it counts codes. :func:`join`, called after the code counts and before the
-measures, compiles this process's share of the measures (the others: P@K and R@K), then waits for the second
-process, so the measures load its functions from the cache and nothing is compiled twice. Both compile by
-calling the functions on tiny inputs of the run's types. With a warm cache, or a cache numba cannot write (a
-read-only install), nothing is started and :func:`join` does nothing. The process ends with this one: it is
-killed at exit, and exits on its own if this process is killed.
+are then compiled once). This process goes on to compile the other code-count functions when it
+counts codes. :func:`join`, called after the code counts and before the measures, compiles this
+process's share of the measures (the others), then waits for the second process, so the measures
+load its functions from the cache and nothing is compiled twice. Both compile by calling the
+functions on tiny inputs of the run's types. With a warm cache, or a cache numba cannot write (a
+read-only install), nothing is started and :func:`join` does nothing. The process ends with this
+one: it is killed at exit, and exits on its own if this process is killed.
 
 A run in the command's own process (``--engine local``) starts that process earlier, from the launcher
 (:func:`start_early`, before hashdist loads), when the stamp file a run leaves does not show the metric
 functions cached (:func:`looks_cached`: reading it needs only the standard library). Its imports and first
-functions then overlap the CLI's loading and the histogram kernels' compiling, and it takes the larger share
-it is given here. It checks numba's cache itself and exits at once (status NOTHING_TO_COMPILE) when the
-functions are there; :func:`start` then takes it as the run's second process, or, if it found nothing to
-compile, as none, and writes the stamp.
+functions then overlap the CLI's loading and the histogram kernels' compiling, so it also takes the NDCG
+measures. It checks numba's cache itself and exits at once (status NOTHING_TO_COMPILE) when the functions are
+there; :func:`start` then takes it as the run's second process, or, if it found nothing to compile, as none, and
+writes the stamp.
 """
 
 from __future__ import annotations
@@ -36,14 +36,17 @@ from pathlib import Path
 from hashdist.data.atomic import read_marker
 from hashdist.defaults import default_cache_dir
 
-# the second process's share of the measures: the AP measures, which share the harmonic-number helpers, and the
-# NDCG measures, which share the discounts and the DCG loop
-SECOND_PROCESS_MEASURES = frozenset({"map", "map_at_k", "map_at_radius", "ndcg_at_k", "ndcg_structhash_at_k"})
+# the second process's share of the measures: the AP measures, which share the harmonic-number helpers; started
+# early (by the launcher, as the run's modules load), also the NDCG measures, which share the discounts and the DCG
+# loop (demo, Intel: 3.9 s of a first run's compiling instead of 4.8; started late with them, it made the run wait)
+SECOND_PROCESS_MEASURES = frozenset({"map", "map_at_k", "map_at_radius"})
+SECOND_PROCESS_MEASURES_EARLY = SECOND_PROCESS_MEASURES | {"ndcg_at_k", "ndcg_structhash_at_k"}
 JOIN_TIMEOUT_S = 300  # seconds join waits for the second process: far beyond its few seconds of compiling
 NOTHING_TO_COMPILE = 3  # the second process's exit status when numba's cache already holds the metric functions
 
 _lock = threading.Lock()
 _process: subprocess.Popen | None = None
+_second_share = SECOND_PROCESS_MEASURES  # the measures the second process compiles
 _joined = False
 
 
@@ -108,24 +111,26 @@ def start() -> None:
         if _process is not None:
             return
         if _needs_compiling():
-            _process = _spawn()
+            _process = _spawn(SECOND_PROCESS_MEASURES)
         else:
             _note_cached()
 
 
 def start_early() -> None:
-    """Start the second process before this process knows whether the cache lacks the metric functions: it
-    checks, and exits at once if they are there (see :func:`start`)."""
+    """Start the second process, with the larger share, before this process knows whether the cache lacks the
+    metric functions: it checks, and exits at once if they are there (see :func:`start`)."""
     global _process
     with _lock:
         if _process is None:
-            _process = _spawn()
+            _process = _spawn(SECOND_PROCESS_MEASURES_EARLY)
 
 
-def _spawn() -> subprocess.Popen:
+def _spawn(share: frozenset) -> subprocess.Popen:
+    global _second_share
+    _second_share = share
     code = "from hashdist.engine.precompile import compile_second_share; compile_second_share()"
-    process = subprocess.Popen([sys.executable, "-c", code, str(os.getpid())], stdin=subprocess.DEVNULL,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen([sys.executable, "-c", code, str(os.getpid()), ",".join(sorted(share))],
+                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     atexit.register(_stop, process)
     return process
 
@@ -140,7 +145,7 @@ def join(timeout: float = JOIN_TIMEOUT_S) -> None:
             return
         _joined = True
         if _process.poll() != NOTHING_TO_COMPILE:
-            compile_measures(lambda key: key not in SECOND_PROCESS_MEASURES)
+            compile_measures(lambda key: key not in _second_share)
         try:
             if _process.wait(timeout) in (0, NOTHING_TO_COMPILE):
                 _note_cached()
@@ -169,10 +174,10 @@ def compile_measures(chosen) -> None:
 
 
 def compile_second_share() -> None:
-    """The second process (``sys.argv[1]``: the parent's pid): M_k (by scanning) for a few codes, then its share
-    of the measures; nothing (exit status NOTHING_TO_COMPILE) if numba's cache holds the metric functions or
-    cannot."""
-    parent = int(sys.argv[1])
+    """The second process (``sys.argv[1]``: the parent's pid; ``sys.argv[2]``: its share, the measures' keys
+    joined by commas): M_k (by scanning) for a few codes, then its share of the measures; nothing (exit status
+    NOTHING_TO_COMPILE) if numba's cache holds the metric functions or cannot."""
+    parent, share = int(sys.argv[1]), frozenset(sys.argv[2].split(","))
 
     def exit_with_parent():
         while os.getppid() == parent:
@@ -189,5 +194,5 @@ def compile_second_share() -> None:
     codes = np.random.default_rng(0).integers(0, 4, size=(16, 1), dtype=np.uint64)
     distinct, counts = code_counts(codes)
     max_bucket_within(codes, distinct, counts, 64, 2, None, np.full((16, 3), 2))
-    compile_measures(lambda key: key in SECOND_PROCESS_MEASURES)
+    compile_measures(lambda key: key in share)
     os._exit(0)  # numba's cache files are written: no interpreter teardown (0.2-0.3 s the run would wait for)

@@ -3,6 +3,7 @@ the CLI, and a malformed cluster variable failing the run rather than the import
 
 import contextlib
 import json
+import os
 import re
 import signal
 import subprocess
@@ -215,6 +216,32 @@ def test_the_console_script_starts_no_compiling_process_when_the_stamp_shows_the
     assert wants_precompile(argv)
     index.write_bytes(b"")
     assert not wants_precompile(argv)
+
+
+def test_the_early_compiling_process_ends_with_a_command_that_fails_on_bad_input(tmp_path):
+    """A cold cache, --engine local, a dataset that is not there: one line, exit status 2, and the compiling
+    process the launcher started is gone with the command."""
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba"), "HASHDIST_CACHE": str(tmp_path / "hd")}
+    done = subprocess.run([HASHDIST, "evaluate", str(tmp_path / "missing.zarr"), "--out", str(tmp_path / "r"),
+                           "--engine", "local"], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert not (tmp_path / "r").exists()
+
+    def compiling():
+        found = []
+        for process in psutil.process_iter(["cmdline"]):
+            try:
+                if "compile_second_share" in " ".join(process.info["cmdline"] or ()) and \
+                        process.environ().get("NUMBA_CACHE_DIR") == env["NUMBA_CACHE_DIR"]:
+                    found.append(process)
+            except psutil.Error:
+                continue
+        return [p for p in found if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+    deadline = time.monotonic() + 5
+    while compiling() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not compiling()
 
 
 @pytest.mark.parametrize(("args", "status"), [

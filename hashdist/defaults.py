@@ -35,3 +35,9 @@ def default_cache_dir() -> Path:
         return Path(os.environ["HASHDIST_CACHE"])
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "hashdist"
+
+
+def kernels_dir() -> Path:
+    """Where generated kernels are written as modules (so numba can cache their machine code), with the stamp of
+    the cached metric functions: ``kernels/`` in the per-user cache."""
+    return default_cache_dir() / "kernels"

@@ -111,6 +111,19 @@ def temporary_sibling(final: Path, tag: str = "tmp") -> Path:
     return final.with_name(f".{final.name}.{tag}-{uuid.uuid4().hex[:8]}")
 
 
+def replace_file(path: Path, text: str) -> None:
+    """Write ``text`` to the file ``path`` whole or not at all: a temporary sibling renamed over it (removed if
+    the write fails)."""
+    tmp = temporary_sibling(path)
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise
+
+
 def replace_directory(tmp: Path, final: Path) -> None:
     """Move the finished directory ``tmp`` to ``final``, replacing any previous version."""
     if final.exists():

@@ -24,6 +24,7 @@ writes the stamp.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import hashlib
 import json
 import os
@@ -33,8 +34,8 @@ import threading
 import time
 from pathlib import Path
 
-from hashdist.data.atomic import read_marker
-from hashdist.defaults import default_cache_dir
+from hashdist.data.atomic import read_marker, replace_file
+from hashdist.defaults import kernels_dir
 
 # the second process's share of the measures: the AP measures, which share the harmonic-number helpers; started
 # early (by the launcher, as the run's modules load), also the NDCG measures, which share the discounts and the DCG
@@ -74,7 +75,7 @@ def stamp_path() -> Path:
     directory: one per Python environment, $NUMBA_CACHE_DIR and hashdist install (where numba's cache lies)."""
     where = "\0".join((sys.prefix, sys.version, os.environ.get("NUMBA_CACHE_DIR", ""),
                        str(Path(__file__).resolve().parent)))
-    return default_cache_dir() / "kernels" / f"metrics-cached-{hashlib.sha256(where.encode()).hexdigest()[:16]}.json"
+    return kernels_dir() / f"metrics-cached-{hashlib.sha256(where.encode()).hexdigest()[:16]}.json"
 
 
 def looks_cached() -> bool:
@@ -89,16 +90,9 @@ def _note_cached() -> None:
     stamp, indexes = stamp_path(), _index_files() or []
     if read_marker(stamp, "index_files") == indexes:
         return
-    partial = stamp.with_name(f".{stamp.name}.{os.getpid()}")
-    try:
+    with contextlib.suppress(OSError):
         stamp.parent.mkdir(parents=True, exist_ok=True)
-        partial.write_text(json.dumps({"index_files": indexes}))
-        os.replace(partial, stamp)
-    except OSError:
-        try:
-            partial.unlink(missing_ok=True)
-        except OSError:
-            pass
+        replace_file(stamp, json.dumps({"index_files": indexes}))
 
 
 def start() -> None:

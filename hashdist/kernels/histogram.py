@@ -31,13 +31,13 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
-import os
 import sys
 import threading
-from pathlib import Path
 
 import numpy as np
 
+from hashdist.data.atomic import replace_file
+from hashdist.defaults import kernels_dir
 from hashdist.kernels import cached_njit, listed_in_block
 from hashdist.kernels.distinct import distinct_rows
 from hashdist.kernels.popcount import hamming, target_popcount
@@ -288,13 +288,6 @@ from hashdist.kernels.popcount import common_bits, hamming, popcount64
 """
 
 
-def _kernel_module_dir() -> Path:
-    """Where generated kernels are written as modules, so numba can cache their machine code."""
-    from hashdist.defaults import default_cache_dir
-
-    return default_cache_dir() / "kernels"
-
-
 def _compile(kernel_source: str):
     """Write a kernel's source to a module file (named by its digest) and import it.
 
@@ -304,13 +297,11 @@ def _compile(kernel_source: str):
     source = _MODULE_HEADER + "\n\n@cached_njit(nogil=True, boundscheck=False)" + kernel_source
     name = "hashdist_kernel_" + hashlib.sha256(source.encode()).hexdigest()[:20]
     try:
-        directory = _kernel_module_dir()
+        directory = kernels_dir()
         directory.mkdir(parents=True, exist_ok=True)
         path = directory / f"{name}.py"
         if not path.is_file() or path.read_text() != source:
-            tmp = path.with_name(f".{name}.{os.getpid()}.{threading.get_ident()}.tmp")
-            tmp.write_text(source)
-            os.replace(tmp, path)
+            replace_file(path, source)
         spec = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module  # numba's cache re-imports the defining module by name

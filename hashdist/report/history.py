@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import html
-import os
 from pathlib import Path
 
-from hashdist.data.atomic import check_output, temporary_sibling
+from hashdist.data.atomic import check_output, replace_file
 from hashdist.errors import InputError
 from hashdist.report.render import fmt, has_page_marker, html_figure, html_table, page, png, pyplot, text_table
 
@@ -146,12 +145,5 @@ def check_history_page(path, history) -> Path:
 def write_history_html(path, trend: dict) -> Path:
     """Write the page to ``path`` atomically (a temporary sibling renamed over it)."""
     path = Path(path)
-    text = render_history_html(trend)
-    tmp = temporary_sibling(path)
-    try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    replace_file(path, render_history_html(trend))
     return path
